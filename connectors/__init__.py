@@ -1,0 +1,1 @@
+"""vLLM KV connector, importable as tiercache.connectors."""

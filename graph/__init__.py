@@ -1,0 +1,1 @@
+"""Block-relationship graph and background eviction advisor, importable as tiercache.graph."""

@@ -1,0 +1,158 @@
+"""TurboQuantCodec: error figures, rotation, determinism, ids, zero vectors and every ValueError path."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tiercache.kernels import SUPPORTED_HEAD_DIMS, TurboQuantCodec
+
+BITS = list(range(1, 9))
+
+
+def unit_vectors(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return (x / x.norm(dim=-1, keepdim=True)).float()
+
+
+def unit_mse(codec: TurboQuantCodec, x: torch.Tensor) -> float:
+    packed, norms = codec.encode(x)
+    return float(((codec.decode(packed, norms).double() - x.double()) ** 2).sum(-1).mean())
+
+
+# Issue figures: d = 128, 10,000 random Gaussian vectors, normalised.
+@pytest.mark.parametrize("bits,limit", [(2, 0.118), (3, 0.0348), (4, 0.0095), (8, 1e-4)])
+def test_mse_figures_d128(bits, limit):
+    assert unit_mse(TurboQuantCodec(128, bits), unit_vectors(10_000, 128)) <= limit
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_mse_figures_4bit_other_dims(head_dim):
+    assert unit_mse(TurboQuantCodec(head_dim, 4), unit_vectors(10_000, head_dim)) <= 0.0095
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("rotation", ["haar", "hadamard"])
+def test_empirical_mse_matches_the_density(bits, rotation):
+    codec = TurboQuantCodec(128, bits, rotation=rotation)
+    assert unit_mse(codec, unit_vectors(4000, 128, seed=bits)) == pytest.approx(codec.expected_mse, rel=0.08)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_round_trip_shapes_and_dtypes(head_dim, bits):
+    codec = TurboQuantCodec(head_dim, bits)
+    x = torch.randn(3, 5, head_dim, generator=torch.Generator().manual_seed(head_dim)) * 7
+    packed, norms = codec.encode(x)
+    assert packed.shape == (3, 5, codec.packed_dim) and packed.dtype == torch.uint8
+    assert norms.shape == (3, 5) and norms.dtype == torch.float32
+    torch.testing.assert_close(norms, x.norm(dim=-1))
+    x_hat = codec.decode(packed, norms, dtype=torch.float16)
+    assert x_hat.shape == x.shape and x_hat.dtype == torch.float16
+    cosine = torch.nn.functional.cosine_similarity(x_hat.float(), x, dim=-1)
+    assert cosine.min() > {1: 0.6, 2: 0.85}.get(bits, 0.95)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_input_dtypes_encode_like_float32(dtype):
+    codec = TurboQuantCodec(128, 4)
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
+    packed, norms = codec.encode(x)
+    ref_packed, ref_norms = codec.encode(x.float())
+    assert torch.equal(packed, ref_packed)
+    torch.testing.assert_close(norms, ref_norms)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_quantize_is_nearest_centroid(bits):
+    codec = TurboQuantCodec(128, bits)
+    tables = codec.tables("cpu")
+    rotated = torch.randn(500, 128, generator=torch.Generator().manual_seed(bits)) / 128**0.5 * 1.5
+    nearest = (rotated.unsqueeze(-1) - codec.codebook).abs().argmin(-1)
+    assert torch.equal(tables.quantize(rotated).long(), nearest)
+    assert torch.equal(tables.quantize(rotated).long(), torch.bucketize(rotated, codec.boundaries))
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_zero_vectors_round_trip_to_zero(bits):
+    codec = TurboQuantCodec(64, bits)
+    packed, norms = codec.encode(torch.zeros(4, 64))
+    out = codec.decode(packed, norms)
+    assert torch.equal(out, torch.zeros(4, 64))
+    assert not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("rotation,dims", [("haar", SUPPORTED_HEAD_DIMS), ("hadamard", (64, 128, 256))])
+def test_rotation_orthogonal(rotation, dims):
+    for d in dims:
+        r = TurboQuantCodec(d, 4, seed=3, rotation=rotation).rotation.double()
+        torch.testing.assert_close(r @ r.T, torch.eye(d, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_rotation_across_processes():
+    script = (
+        "from tiercache.kernels import TurboQuantCodec\n"
+        "import hashlib\n"
+        "for kind in ('haar', 'hadamard'):\n"
+        "    r = TurboQuantCodec(128, 4, seed=7, rotation=kind).rotation\n"
+        "    print(hashlib.sha256(r.numpy().tobytes()).hexdigest())\n"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and len(runs[0].split()) == 2
+    here = [TurboQuantCodec(128, 4, seed=7, rotation=k).rotation for k in ("haar", "hadamard")]
+    import hashlib
+
+    assert runs[0].split() == [hashlib.sha256(r.numpy().tobytes()).hexdigest() for r in here]
+
+
+def test_seed_changes_rotation_and_kinds_differ():
+    a, b = TurboQuantCodec(128, 4, seed=0), TurboQuantCodec(128, 4, seed=1)
+    assert not torch.allclose(a.rotation, b.rotation)
+    assert not torch.allclose(a.rotation, TurboQuantCodec(128, 4, seed=0, rotation="hadamard").rotation)
+
+
+def test_codec_id_changes_with_every_parameter():
+    base = dict(head_dim=128, bits=4, seed=0, rotation="haar")
+    variants = [{}, {"head_dim": 64}, {"bits": 8}, {"seed": 1}, {"rotation": "hadamard"}]
+    ids = [TurboQuantCodec(**{**base, **v}).codec_id for v in variants]
+    assert len(set(ids)) == len(ids)
+    assert TurboQuantCodec(**base).codec_id == TurboQuantCodec(**base).codec_id
+    assert TurboQuantCodec(**base) == TurboQuantCodec(**base)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"bits": 0}, r"bits must be an integer in 1..8"),
+        ({"bits": 9}, r"bits must be an integer in 1..8"),
+        ({"bits": 4.0}, r"bits must be an integer in 1..8"),
+        ({"head_dim": 100}, r"head_dim must be one of \(64, 80, 96, 112, 128, 160, 192, 256\)"),
+        ({"head_dim": 96, "rotation": "hadamard"}, r"needs head_dim a power of two .*use rotation='haar'"),
+        ({"rotation": "dct"}, r"rotation must be one of \('haar', 'hadamard'\)"),
+        ({"seed": -1}, r"seed must be a non-negative integer"),
+    ],
+)
+def test_constructor_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TurboQuantCodec(**{"head_dim": 128, "bits": 4, **kwargs})
+
+
+def test_encode_decode_errors():
+    codec = TurboQuantCodec(128, 4)
+    with pytest.raises(ValueError, match="last dimension must be head_dim=128"):
+        codec.encode(torch.zeros(4, 64))
+    with pytest.raises(ValueError, match="float16, bfloat16, float32 or float64"):
+        codec.encode(torch.zeros(4, 128, dtype=torch.int32))
+    with pytest.raises(ValueError, match="must be a torch.Tensor"):
+        codec.encode([[0.0] * 128])
+    packed, norms = codec.encode(torch.randn(4, 128))
+    with pytest.raises(ValueError, match="expected packed_dim=64"):
+        codec.decode(packed[:, :32], norms)
+    with pytest.raises(ValueError, match="must be a uint8 tensor"):
+        codec.decode(packed.int(), norms)
+    with pytest.raises(ValueError, match="norms shape"):
+        codec.decode(packed, norms[:2])

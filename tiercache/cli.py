@@ -1,0 +1,39 @@
+"""The `tiercache` command line: one subcommand per module.
+
+Each subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name → (module, one-line help). Subcommand modules import heavy dependencies inside run(), so the
+# parser builds fast.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "codec-report": ("tiercache.codec_report", "TurboQuant error, compression and CPU speed per bit width"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiercache", description="Tiered TurboQuant KV cache for vLLM.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(_module=module_name)
+        importlib.import_module(module_name).add_arguments(command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
