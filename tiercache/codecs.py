@@ -1,0 +1,147 @@
+"""Key/value codec pairs: TurboQuant presets and a lossless raw codec, one pool format for all.
+
+Provides:
+    PRESETS                      name → (key bits, value bits); None bits = lossless raw bytes
+    KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors
+    RawCodec(head_dim, dtype)    lossless: packed = the raw bytes of `dtype`, norms = zeros
+    KVCodec                      a built pair: .keys, .values, .codec_id, .k_packed_dim, .v_packed_dim
+
+Both codecs share one shape contract, so pools hold either without knowing which:
+    encode(x [..., head_dim]) -> (packed [..., packed_dim] uint8, norms [...] float32)
+    decode(packed, norms, dtype) -> [..., head_dim]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# name → (key bits, value bits). None = lossless raw bytes of the model dtype.
+PRESETS: dict[str, tuple[int | None, int | None]] = {
+    "tq4": (4, 4),
+    "k8v4": (8, 4),
+    "k3v4": (3, 4),
+    "tq3": (3, 3),
+    "k8v8": (8, 8),
+    "none": (None, None),
+}
+NORM_BYTES = (
+    4  # one float32 norm per vector (TurboQuant); raw codecs keep a zero norm so pools stay one format
+)
+
+
+@dataclass(frozen=True)
+class KVCodecSpec:
+    """Which codec keys and values use. bits None = lossless (raw bytes of the model dtype)."""
+
+    key_bits: int | None
+    value_bits: int | None
+    seed: int = 0
+    rotation: str = "haar"
+
+    @classmethod
+    def from_preset(cls, name: str) -> KVCodecSpec:
+        if name not in PRESETS:
+            raise ValueError(f"unknown codec preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        return cls(*PRESETS[name])
+
+    @property
+    def name(self) -> str:
+        for preset, bits in PRESETS.items():
+            if bits == (self.key_bits, self.value_bits):
+                return preset
+        return f"k{self.key_bits or 'raw'}v{self.value_bits or 'raw'}"
+
+    @property
+    def lossless(self) -> bool:
+        return self.key_bits is None and self.value_bits is None
+
+    def packed_dims(self, head_dim: int, dtype_bytes: int = 2) -> tuple[int, int]:
+        """(key packed_dim, value packed_dim) in bytes per vector, norms excluded."""
+        return _packed_dim(self.key_bits, head_dim, dtype_bytes), _packed_dim(
+            self.value_bits, head_dim, dtype_bytes
+        )
+
+    def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+        """layers × kv_heads × [(packed_k + 4) + (packed_v + 4)]: what one token costs in a tier pool."""
+        pk, pv = self.packed_dims(head_dim, dtype_bytes)
+        return num_layers * num_kv_heads * (pk + NORM_BYTES + pv + NORM_BYTES)
+
+    def build(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> KVCodec:
+        return KVCodec(self, head_dim, dtype)
+
+
+def _packed_dim(bits: int | None, head_dim: int, dtype_bytes: int) -> int:
+    return head_dim * dtype_bytes if bits is None else head_dim * bits // 8
+
+
+class RawCodec:
+    """Lossless codec: packed = the bytes of x in `dtype`; norms are zeros (kept so pools stay one format)."""
+
+    def __init__(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        if not dtype.is_floating_point:
+            raise ValueError(f"RawCodec dtype must be a float dtype, got {dtype}")
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.packed_dim = head_dim * dtype.itemsize
+
+    @property
+    def codec_id(self) -> str:
+        return f"raw1-d{self.head_dim}-{str(self.dtype).removeprefix('torch.')}"
+
+    def __repr__(self) -> str:
+        return f"RawCodec(head_dim={self.head_dim}, dtype={self.dtype})"
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"encode: x last dimension must be head_dim={self.head_dim}, got {tuple(x.shape)}"
+            )
+        packed = x.to(self.dtype).contiguous().view(torch.uint8)
+        return packed, torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
+
+    def decode(
+        self, packed: torch.Tensor, norms: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        if packed.dtype != torch.uint8 or packed.shape[-1] != self.packed_dim:
+            raise ValueError(
+                f"decode: packed must be uint8 [..., {self.packed_dim}], "
+                f"got {packed.dtype} {tuple(packed.shape)}"
+            )
+        return packed.contiguous().view(self.dtype).to(dtype)
+
+
+class KVCodec:
+    """A built key/value codec pair for one head_dim and model dtype."""
+
+    def __init__(self, spec: KVCodecSpec, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.spec = spec
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.keys = _build_one(spec.key_bits, spec, head_dim, dtype)
+        self.values = _build_one(spec.value_bits, spec, head_dim, dtype)
+
+    @property
+    def codec_id(self) -> str:
+        """Stable id of the pair; stored with every block so a mismatch becomes a miss, never wrong KV."""
+        return f"K:{self.keys.codec_id}|V:{self.values.codec_id}"
+
+    @property
+    def k_packed_dim(self) -> int:
+        return self.keys.packed_dim
+
+    @property
+    def v_packed_dim(self) -> int:
+        return self.values.packed_dim
+
+    def __repr__(self) -> str:
+        return f"KVCodec({self.spec.name}, keys={self.keys!r}, values={self.values!r})"
+
+
+def _build_one(bits: int | None, spec: KVCodecSpec, head_dim: int, dtype: torch.dtype):
+    if bits is None:
+        return RawCodec(head_dim, dtype)
+    from tiercache.kernels.codec import TurboQuantCodec
+
+    return TurboQuantCodec(head_dim, bits, seed=spec.seed, rotation=spec.rotation)
