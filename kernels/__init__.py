@@ -1,6 +1,24 @@
-"""TurboQuant codec reference and (in later modules) Triton kernels, importable as tiercache.kernels."""
+"""TurboQuant codec reference and Triton kernels, importable as tiercache.kernels.
+
+VRAM-tier format (one layer): packed [num_blocks, block_size, num_kv_heads, packed_dim] uint8 and
+norms [num_blocks, block_size, num_kv_heads] float32; slot = block * block_size + offset.
+Kernels: tq_encode_store, tq_dequantize_blocks, tq_decode_attention (Triton on CUDA and under
+TRITON_INTERPRET=1, the PyTorch references in kernels/reference.py elsewhere); torch.library ops in .ops.
+"""
 
 from .codec import SUPPORTED_HEAD_DIMS, TurboQuantCodec
+from .decode_attention import DecodeWorkspace, tq_decode_attention
+from .dequantize import tq_dequantize_blocks
+from .encode_store import tq_encode_store
 from .packing import pack_indices, unpack_indices
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "TurboQuantCodec", "pack_indices", "unpack_indices"]
+__all__ = [
+    "SUPPORTED_HEAD_DIMS",
+    "DecodeWorkspace",
+    "TurboQuantCodec",
+    "pack_indices",
+    "tq_decode_attention",
+    "tq_dequantize_blocks",
+    "tq_encode_store",
+    "unpack_indices",
+]

@@ -1,0 +1,123 @@
+"""Triton kernels: fused paged decode attention over TurboQuant K/V, in the rotated domain.
+
+_decode_split_kernel, grid (B·H, S): one program per (sequence, kv head, split). It rotates the G query
+heads of its kv head once (q·Πᵀ in field-major order, times scale·log2 e), then walks its share of the
+context in tiles of TILE tokens: each K/V byte is read once for all G query heads, which form the M
+dimension of the dots. Scores are γᵏ·⟨Πq, c[idx]⟩; values enter as c[idx] with γᵛ folded into the
+probabilities. Writes an unnormalised-free partial output (acc / l) and its base-2 log-sum-exp.
+_decode_merge_kernel, grid (B·H,): merges the S partials by their log-sum-exps and rotates the result back
+once (· Π[perm, :]), writing the output in the query dtype.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._triton_common import dot16, unpack_field_major
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, sq_b, sq_h,  # query [B, Hq, D] (last stride 1)
+    rq_ptr,  # Πᵀ[:, perm_k] [D, D] f32
+    kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
+    vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
+    kcb_ptr, vcb_ptr,  # codebooks in the operand dtype
+    bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
+    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32
+    H, Hq, G, S, split_tokens, qk_scale,
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr,
+    V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    s = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    start = s * split_tokens
+    end = tl.minimum(start + split_tokens, ctx)
+    g = tl.arange(0, GP)
+    gmask = g < G
+    d = tl.arange(0, D)
+    heads = h * G + g
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None], other=0.0)
+    rq = tl.load(rq_ptr + d[:, None] * D + d[None, :])
+    q = tl.dot(q.to(tl.float32), rq, input_precision="ieee") * qk_scale  # [GP, D] rotated, field-major
+    q = q.to(kcb_ptr.dtype.element_ty)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * sbt_b
+    for t0 in range(start, end, TILE):
+        t = t0 + tl.arange(0, TILE)
+        tmask = t < end
+        block = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_m, mask=tmask, other=0).to(tl.int64)
+        off = t % BLOCK_SIZE
+        krows = kp_ptr + block * skp_b + off * skp_o + h * skp_h
+        kidx = unpack_field_major(krows, tmask, skp_p, K_BITS, K_PG, K_BPG, K_NG)
+        kval = tl.load(kcb_ptr + kidx)  # [TILE, D]
+        kn = tl.load(kn_ptr + block * skn_b + off * skn_o + h * skn_h, mask=tmask, other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(kval), input_precision="ieee")
+        else:
+            qk = dot16(q, tl.trans(kval), tl.zeros([GP, TILE], dtype=tl.float32), UPCAST)
+        qk = tl.where(tmask[None, :], qk * kn[None, :], float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vrows = vp_ptr + block * svp_b + off * svp_o + h * svp_h
+        vidx = unpack_field_major(vrows, tmask, svp_p, V_BITS, V_PG, V_BPG, V_NG)
+        vval = tl.load(vcb_ptr + vidx)  # [TILE, D]
+        vn = tl.load(vn_ptr + block * svn_b + off * svn_o + h * svn_h, mask=tmask, other=0.0)
+        pv = (p * vn[None, :]).to(vcb_ptr.dtype.element_ty)
+        acc = acc * alpha[:, None]
+        if IEEE:  # noqa: SIM108 (constexpr branch)
+            acc = tl.dot(pv, vval, acc, input_precision="ieee")
+        else:
+            acc = dot16(pv, vval, acc, UPCAST)
+        m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = (b * Hq + heads).to(tl.int64) * S + s
+    tl.store(po_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None])
+    tl.store(pl_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32
+    rv_ptr,  # Π[perm_v, :] [D, D] f32
+    o_ptr, so_b, so_h,  # out [B, Hq, D] (last stride 1)
+    H, Hq, G, S,
+    D: tl.constexpr, GP: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    g = tl.arange(0, GP)
+    gmask = g < G
+    d = tl.arange(0, D)
+    heads = h * G + g
+    row = (b * Hq + heads).to(tl.int64) * S
+    m = tl.full([GP], float("-inf"), dtype=tl.float32)
+    for s in range(S):
+        m = tl.maximum(m, tl.load(pl_ptr + row + s, mask=gmask, other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    wsum = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    for s in range(S):
+        w = tl.exp2(tl.load(pl_ptr + row + s, mask=gmask, other=float("-inf")) - m)
+        part = tl.load(po_ptr + (row + s)[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0)
+        acc += w[:, None] * part
+        wsum += w
+    acc = acc / tl.where(wsum > 0, wsum, 1.0)[:, None]
+    rv = tl.load(rv_ptr + d[:, None] * D + d[None, :])
+    if IEEE:  # noqa: SIM108 (constexpr branch)
+        out = tl.dot(acc, rv, input_precision="ieee")
+    else:
+        out = tl.dot(acc, rv, input_precision="tf32x3")
+    out_ptrs = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
+    tl.store(out_ptrs, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])

@@ -1,0 +1,46 @@
+"""Triton kernel: TurboQuant blocks → a float paged cache (the connector's load path).
+
+Grid (programs,): each program loads the rotation once and walks work items (listed block, tile of
+ROWS (offset, head) rows) with a stride of the grid size. Per item: unpack, codebook lookup, rotate back
+(one dot in field-major order), scale by the norms, store.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._triton_common import dot16, unpack_field_major
+
+
+@triton.jit
+def _dequantize_kernel(
+    p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
+    n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
+    ids_ptr, num_ids, H,  # block_ids [N]
+    cb_ptr, rot_ptr,  # codebook [2**BITS], rotation Π[perm, :] [D, D] (f32 or f16)
+    o_ptr, so_n, so_o, so_h, so_d,  # out [N, BS, H, D]
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, IEEE: tl.constexpr,
+    BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr,
+):  # fmt: skip
+    d = tl.arange(0, D)
+    rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
+    row_tiles = tl.cdiv(BLOCK_SIZE * H, ROWS)
+    for item in range(tl.program_id(0), num_ids * row_tiles, tl.num_programs(0)):
+        n = item // row_tiles
+        r = (item % row_tiles) * ROWS + tl.arange(0, ROWS)
+        rmask = r < BLOCK_SIZE * H
+        offset = r // H
+        h = r % H
+        block = tl.load(ids_ptr + n).to(tl.int64)
+        rows = p_ptr + block * sp_b + offset * sp_o + h * sp_h
+        idx = unpack_field_major(rows, rmask, sp_p, BITS, PG, BPG, NG)
+        vals = tl.load(cb_ptr + idx)
+        if IEEE:
+            x = tl.dot(vals, rot, input_precision="ieee")
+        else:
+            x = dot16(vals, rot, tl.zeros([ROWS, D], dtype=tl.float32), False)
+        norm = tl.load(n_ptr + block * sn_b + offset * sn_o + h * sn_h, mask=rmask, other=0.0)
+        x = x * norm[:, None]
+        out = o_ptr + n * so_n + offset[:, None] * so_o + h[:, None] * so_h + d[None, :] * so_d
+        tl.store(out, x.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

@@ -1,0 +1,83 @@
+"""Triton kernel: fused TurboQuant encode + scatter into the paged VRAM tier (keys and values, one launch).
+
+Grid (programs, 2): axis 1 picks keys (0) or values (1); each program loads its rotation once and walks
+work items (token tile, kv head) with a stride of the grid size. Per item: norm, rotate (16-bit inputs:
+exact split-precision dots; f32: IEEE dot), binary-search the codebook, pack, store to the token's slot.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._triton_common import dot16, nearest_centroid, pack_field_major
+
+
+@triton.jit
+def _encode_heads(
+    x_ptr, sx_t, sx_h, sx_d,  # x [T, H, D]
+    slot_ptr, T, H,
+    p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
+    n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
+    rot_ptr, bnd_ptr,  # rotation pieces [NPIECE, D, D] (input dtype, or f32), boundaries f32
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
+    BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    d = tl.arange(0, D)
+    rot_offs = d[:, None] * D + d[None, :]
+    rot0 = tl.load(rot_ptr + rot_offs)
+    if NPIECE > 1:
+        rot1 = tl.load(rot_ptr + D * D + rot_offs)
+    if NPIECE > 2:
+        rot2 = tl.load(rot_ptr + 2 * D * D + rot_offs)
+    num_items = tl.cdiv(T, BT) * H
+    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        tile = item // H
+        h = item % H
+        t = tile * BT + tl.arange(0, BT)
+        slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+        valid = slot >= 0
+        x = tl.load(x_ptr + t[:, None] * sx_t + h * sx_h + d[None, :] * sx_d, mask=valid[:, None], other=0.0)
+        xf = x.to(tl.float32)
+        norm = tl.sqrt(tl.sum(xf * xf, axis=1))
+        if NPIECE == 1:
+            y = tl.dot(xf, rot0, input_precision="ieee")
+        else:
+            y = tl.zeros([BT, D], dtype=tl.float32)
+            if NPIECE > 2:
+                y = dot16(x, rot2, y, UPCAST)
+            y = dot16(x, rot1, y, UPCAST)
+            y = dot16(x, rot0, y, UPCAST)
+        y = y * tl.where(norm > 0, 1.0 / tl.where(norm > 0, norm, 1.0), 0.0)[:, None]
+        idx = nearest_centroid(y, bnd_ptr, BITS)
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        rows = p_ptr + block * sp_b + offset * sp_o + h * sp_h
+        pack_field_major(idx, rows, valid, sp_p, BITS, PG, BPG, NG)
+        tl.store(n_ptr + block * sn_b + offset * sn_o + h * sn_h, norm, mask=valid)
+
+
+@triton.jit
+def _encode_store_kernel(
+    k_ptr, skt, skh, skd, v_ptr, svt, svh, svd,
+    slot_ptr, T, H,
+    kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
+    vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
+    krot_ptr, kbnd_ptr, vrot_ptr, vbnd_ptr,
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
+    K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr,
+    V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    if tl.program_id(1) == 0:
+        _encode_heads(
+            k_ptr, skt, skh, skd, slot_ptr, T, H,
+            kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h, krot_ptr, kbnd_ptr,
+            BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST,
+        )  # fmt: skip
+    else:
+        _encode_heads(
+            v_ptr, svt, svh, svd, slot_ptr, T, H,
+            vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h, vrot_ptr, vbnd_ptr,
+            BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST,
+        )  # fmt: skip

@@ -1,0 +1,100 @@
+"""Per-device constant tables for the Triton kernels, in the kernels' field-major coordinate order.
+
+Provides:
+    kernel_tables(codec, device) -> KernelTables    (built once per codec and device, then cached)
+    field_layout(bits, head_dim) -> (per_group, bytes_per_group, num_groups)
+
+The kernels unpack a packed vector group by group: `num_groups` groups of `per_group` indices in
+`bytes_per_group` bytes. Field k of group g is index j = g·per_group + k. Inside a kernel the unpacked
+indices sit in *field-major* order, position p = k·num_groups + g, which needs no shuffle after the shifts.
+Attention and rotation are invariant under a common permutation of the rotated coordinates, so the
+permutation is folded into the rotation matrices here instead of being applied to data:
+    y_perm = u @ rot_t_perm        (encode; rot_t_perm = Πᵀ[:, perm])
+    x̂      = ŷ_perm @ rot_perm     (decode; rot_perm = Π[perm, :])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .codec import TurboQuantCodec
+from .packing import group_shape
+
+
+def field_layout(bits: int, head_dim: int) -> tuple[int, int, int]:
+    """(indices per group, bytes per group, groups per vector) for a bit width and head_dim."""
+    per_group, bytes_per_group = group_shape(bits)
+    return per_group, bytes_per_group, head_dim // per_group
+
+
+def split_16bit(x: torch.Tensor, dtype: torch.dtype, pieces: int) -> torch.Tensor:
+    """x (float32) as a sum of `pieces` 16-bit terms, largest first: [pieces, *x.shape] of `dtype`."""
+    out, rest = [], x.to(torch.float64)
+    for _ in range(pieces):
+        term = rest.to(dtype)
+        out.append(term)
+        rest = rest - term.to(torch.float64)
+    return torch.stack(out)
+
+
+@dataclass(frozen=True)
+class KernelTables:
+    bits: int
+    head_dim: int
+    per_group: int
+    bytes_per_group: int
+    num_groups: int
+    perm: torch.Tensor  # [D] int64: field-major position p holds natural coordinate perm[p]
+    rot_t_perm: torch.Tensor  # [D, D] f32  Πᵀ[:, perm]
+    rot_perm: torch.Tensor  # [D, D] f32  Π[perm, :]
+    rot_t_perm_bf16x3: torch.Tensor  # [3, D, D] bf16, sums to rot_t_perm (encode of bf16 input)
+    rot_t_perm_f16x2: torch.Tensor  # [2, D, D] f16, sums to rot_t_perm (encode of f16 input)
+    rot_perm_f16: torch.Tensor  # [D, D] f16 (dequantize to a 16-bit cache)
+    codebook: torch.Tensor  # [2**bits] f32
+    codebook_f16: torch.Tensor  # [2**bits] f16
+    codebook_bf16: torch.Tensor  # [2**bits] bf16
+    boundaries: torch.Tensor  # [2**bits − 1] f32
+
+
+_CACHE: dict[tuple[str, torch.device], KernelTables] = {}
+
+
+def kernel_tables(codec: TurboQuantCodec, device: torch.device | str) -> KernelTables:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (codec.codec_id, device)
+    if key not in _CACHE:
+        _CACHE[key] = _build(codec, device)
+    return _CACHE[key]
+
+
+def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
+    d = codec.head_dim
+    per_group, bytes_per_group, num_groups = field_layout(codec.bits, d)
+    k = torch.arange(per_group).repeat_interleave(num_groups)
+    g = torch.arange(num_groups).repeat(per_group)
+    perm = g * per_group + k
+    rot = codec.rotation
+    rot_t_perm = rot.t()[:, perm].contiguous()
+    rot_perm = rot[perm, :].contiguous()
+    cb = codec.codebook
+    return KernelTables(
+        bits=codec.bits,
+        head_dim=d,
+        per_group=per_group,
+        bytes_per_group=bytes_per_group,
+        num_groups=num_groups,
+        perm=perm.to(device),
+        rot_t_perm=rot_t_perm.to(device),
+        rot_perm=rot_perm.to(device),
+        rot_t_perm_bf16x3=split_16bit(rot_t_perm, torch.bfloat16, 3).to(device),
+        rot_t_perm_f16x2=split_16bit(rot_t_perm, torch.float16, 2).to(device),
+        rot_perm_f16=rot_perm.to(torch.float16).to(device),
+        codebook=cb.to(device),
+        codebook_f16=cb.to(torch.float16).to(device),
+        codebook_bf16=cb.to(torch.bfloat16).to(device),
+        boundaries=codec.boundaries.to(device),
+    )

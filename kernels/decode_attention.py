@@ -1,0 +1,165 @@
+"""Public launcher: fused paged decode attention over a TurboQuant VRAM tier.
+
+Provides:
+    tq_decode_attention(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
+                        k_codec, v_codec, scale=None, *, workspace=None, out=None) -> [B, Hq, D]
+    DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)   preallocated split-K buffers
+    plan_num_splits(batch, num_kv_heads, max_tokens, device) -> int
+
+Two launches, no host synchronisation: the split kernel (rotated-domain scoring, each K/V byte read once per
+kv head for all its query heads, online softmax over TILE-token tiles) and the merge kernel (log-sum-exp
+merge of the splits, one rotation back). With a workspace (and `out`) passed in, the call allocates
+nothing, so it can be captured in a CUDA graph. The number of splits depends only on shapes.
+Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference);
+bfloat16/float16 queries use bfloat16 operands with float32 accumulation, like bf16 SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, use_triton
+from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
+from ._tables import kernel_tables
+from .codec import TurboQuantCodec
+from .reference import decode_attention_reference
+
+_TILE = 64
+_PROGRAMS_PER_SM = 2
+_LOG2E = 1.4426950408889634
+
+if HAVE_TRITON:
+    from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel
+
+
+def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Splits per (sequence, kv head) so that the grid fills the GPU; at least one tile per split."""
+    want = -(-_PROGRAMS_PER_SM * num_sms(device) // max(1, batch * num_kv_heads))
+    return max(1, min(want, -(-max_tokens // _TILE)))
+
+
+@dataclass
+class DecodeWorkspace:
+    """Split-K scratch of one decode shape: partial outputs and their log-sum-exps (float32)."""
+
+    partial_out: torch.Tensor  # [B, Hq, S, D] f32
+    partial_lse: torch.Tensor  # [B, Hq, S] f32
+
+    @property
+    def num_splits(self) -> int:
+        return self.partial_lse.shape[2]
+
+    @classmethod
+    def allocate(
+        cls, query: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int
+    ) -> DecodeWorkspace:
+        batch, num_q_heads, head_dim = query.shape
+        splits = plan_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+        return cls(
+            torch.empty(batch, num_q_heads, splits, head_dim, device=query.device, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, splits, device=query.device, dtype=torch.float32),
+        )
+
+
+def tq_decode_attention(
+    query: torch.Tensor,  # [B, Hq, D] float
+    k_packed: torch.Tensor,  # [NB, BS, H, Pk] uint8 (one layer)
+    k_norms: torch.Tensor,  # [NB, BS, H] f32
+    v_packed: torch.Tensor,  # [NB, BS, H, Pv] uint8
+    v_norms: torch.Tensor,  # [NB, BS, H] f32
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B] int32, each ≥ 1
+    k_codec: TurboQuantCodec,
+    v_codec: TurboQuantCodec,
+    scale: float | None = None,
+    *,
+    workspace: DecodeWorkspace | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one new query per sequence over its cached tokens → [B, Hq, D] in query's dtype."""
+    batch, num_q_heads, head_dim, num_kv_heads, block_size = _check(
+        query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec
+    )
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {query.dtype} {tuple(query.shape)} with last stride 1")
+    if not (use_triton(query) and triton_layout_ok(head_dim)):
+        ref = decode_attention_reference(
+            query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec, scale
+        )
+        return out.copy_(ref)
+    if workspace is None:
+        workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)
+    _check_workspace(workspace, query)
+    splits = workspace.num_splits
+    tiles = -(-block_tables.shape[1] * block_size // _TILE)
+    split_tokens = _TILE * -(-tiles // splits)
+    kt, vt = kernel_tables(k_codec, query.device), kernel_tables(v_codec, query.device)
+    ieee = query.dtype == torch.float32
+    kcb, vcb = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
+    group = num_q_heads // num_kv_heads
+    gp = max(16, next_pow2(group))
+    q = query if query.stride(-1) == 1 else query.contiguous()
+    _decode_split_kernel[(batch * num_kv_heads, splits)](
+        q, q.stride(0), q.stride(1), kt.rot_t_perm,
+        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+        kcb, vcb, block_tables, *block_tables.stride(), context_lens,
+        workspace.partial_out, workspace.partial_lse,
+        num_kv_heads, num_q_heads, group, splits, split_tokens, scale * _LOG2E,
+        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=_TILE, IEEE=ieee, UPCAST=interpreting(),
+        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
+        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
+        num_warps=4,
+    )  # fmt: skip
+    _decode_merge_kernel[(batch * num_kv_heads,)](
+        workspace.partial_out, workspace.partial_lse, vt.rot_perm, out, out.stride(0), out.stride(1),
+        num_kv_heads, num_q_heads, group, splits, D=head_dim, GP=gp, IEEE=ieee, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _check(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec):
+    check_float("query", query, 3)
+    batch, num_q_heads, head_dim = query.shape
+    check_codec("k_codec", k_codec, head_dim)
+    check_codec("v_codec", v_codec, head_dim)
+    check_cache("k", k_packed, k_norms, k_codec)
+    num_kv_heads, block_size = k_packed.shape[2], k_packed.shape[1]
+    check_cache("v", v_packed, v_norms, v_codec, num_kv_heads)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})")
+    check_index("block_tables", block_tables, 2)
+    check_index("context_lens", context_lens, 1)
+    if block_tables.shape[0] != batch or context_lens.shape[0] != batch:
+        raise ValueError(
+            f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
+            f"must have batch {batch} rows"
+        )
+    check_same_device(query=query, k_packed=k_packed, v_packed=v_packed, block_tables=block_tables,
+                      context_lens=context_lens)  # fmt: skip
+    return batch, num_q_heads, head_dim, num_kv_heads, block_size
+
+
+def _check_workspace(workspace: DecodeWorkspace, query: torch.Tensor) -> None:
+    batch, num_q_heads, head_dim = query.shape
+    po, pl = workspace.partial_out, workspace.partial_lse
+    if (
+        po.shape[:2] != (batch, num_q_heads)
+        or po.shape[3] != head_dim
+        or pl.shape != po.shape[:3]
+        or po.dtype != torch.float32
+        or pl.dtype != torch.float32
+        or not po.is_contiguous()
+        or not pl.is_contiguous()
+        or po.device != query.device
+    ):
+        raise ValueError(
+            "workspace does not fit this call: allocate it with "
+            "DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)"
+        )

@@ -1,0 +1,63 @@
+"""Public launcher: dequantize listed TurboQuant blocks into a float cache (the connector's load path).
+
+Provides:
+    tq_dequantize_blocks(packed, norms, block_ids, codec, out) -> out
+
+Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere. A float32 `out` is
+computed with IEEE float32 products (≤ 1e-6 relative to the codec); a 16-bit `out` with float16 codebook
+and rotation operands and float32 accumulation (error well under the output's own rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import HAVE_TRITON, num_sms, use_triton
+from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
+from ._tables import kernel_tables
+from .codec import TurboQuantCodec
+from .reference import dequantize_blocks_reference
+
+_ROWS = 64
+
+if HAVE_TRITON:
+    from ._dequantize_kernel import _dequantize_kernel
+
+
+def tq_dequantize_blocks(
+    packed: torch.Tensor,  # [NB, BS, H, P] uint8 (one layer)
+    norms: torch.Tensor,  # [NB, BS, H] f32
+    block_ids: torch.Tensor,  # [N] int
+    codec: TurboQuantCodec,
+    out: torch.Tensor,  # [N, BS, H, D] float16/bfloat16/float32
+) -> torch.Tensor:
+    """out[i] = decode(packed[block_ids[i]], norms[block_ids[i]]) for every i; returns out."""
+    check_float("out", out, 4)
+    head_dim = out.shape[-1]
+    check_codec("codec", codec, head_dim)
+    check_cache("", packed, norms, codec)
+    check_index("block_ids", block_ids, 1)
+    expected = (block_ids.shape[0], *packed.shape[1:3], head_dim)
+    if tuple(out.shape) != expected:
+        raise ValueError(f"out must have shape {expected} (len(block_ids), BS, H, D), got {tuple(out.shape)}")
+    check_same_device(packed=packed, norms=norms, block_ids=block_ids, out=out)
+    if block_ids.shape[0] == 0:
+        return out
+    if not (use_triton(packed) and triton_layout_ok(head_dim)):
+        return dequantize_blocks_reference(packed, norms, block_ids, codec, out)
+    t = kernel_tables(codec, packed.device)
+    ieee = out.dtype == torch.float32
+    codebook, rot = (t.codebook, t.rot_perm) if ieee else (t.codebook_f16, t.rot_perm_f16)
+    block_size, num_heads = packed.shape[1], packed.shape[2]
+    items = block_ids.shape[0] * -(-block_size * num_heads // _ROWS)
+    grid = (max(1, min(items, 4 * num_sms(packed.device))),)
+    _dequantize_kernel[grid](
+        packed, *packed.stride(), norms, *norms.stride(),
+        block_ids, block_ids.shape[0], num_heads,
+        codebook, rot,
+        out, *out.stride(),
+        BLOCK_SIZE=block_size, D=head_dim, ROWS=_ROWS, IEEE=ieee,
+        BITS=t.bits, PG=t.per_group, BPG=t.bytes_per_group, NG=t.num_groups,
+        num_warps=4,
+    )  # fmt: skip
+    return out

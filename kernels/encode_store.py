@@ -1,0 +1,85 @@
+"""Public launcher: fused TurboQuant encode + store of new keys and values into the VRAM tier.
+
+Provides:
+    tq_encode_store(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec)
+
+Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import HAVE_TRITON, interpreting, num_sms, use_triton
+from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
+from ._tables import kernel_tables
+from .codec import TurboQuantCodec
+from .reference import encode_store_reference
+
+_BLOCK_TOKENS = 64
+
+if HAVE_TRITON:
+    from ._encode_store_kernel import _encode_store_kernel
+
+
+def tq_encode_store(
+    key: torch.Tensor,  # [T, H, D] float
+    value: torch.Tensor,  # [T, H, D] float
+    slot_mapping: torch.Tensor,  # [T] int; slot = block * block_size + offset, −1 = skip
+    k_packed: torch.Tensor,  # [NB, BS, H, Pk] uint8 (one layer)
+    k_norms: torch.Tensor,  # [NB, BS, H] f32
+    v_packed: torch.Tensor,  # [NB, BS, H, Pv] uint8
+    v_norms: torch.Tensor,  # [NB, BS, H] f32
+    k_codec: TurboQuantCodec,
+    v_codec: TurboQuantCodec,
+) -> None:
+    """Encode key/value with their codecs and write each token into its slot, in place."""
+    check_float("key", key, 3)
+    check_float("value", value, 3)
+    if key.shape != value.shape or key.dtype != value.dtype:
+        raise ValueError(
+            f"key and value must match: {key.dtype} {tuple(key.shape)} vs {value.dtype} {tuple(value.shape)}"
+        )
+    num_tokens, num_heads, head_dim = key.shape
+    check_index("slot_mapping", slot_mapping, 1)
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries for {num_tokens} tokens")
+    check_codec("k_codec", k_codec, head_dim)
+    check_codec("v_codec", v_codec, head_dim)
+    check_cache("k", k_packed, k_norms, k_codec, num_heads)
+    check_cache("v", v_packed, v_norms, v_codec, num_heads)
+    if k_packed.shape[:2] != v_packed.shape[:2]:
+        raise ValueError(f"k and v caches differ in blocks: {k_packed.shape[:2]} vs {v_packed.shape[:2]}")
+    check_same_device(key=key, value=value, slot_mapping=slot_mapping, k_packed=k_packed, v_packed=v_packed)
+    if num_tokens == 0:
+        return
+    if not (use_triton(key) and triton_layout_ok(head_dim)):
+        caches = (k_packed, k_norms, v_packed, v_norms)
+        encode_store_reference(key, value, slot_mapping, *caches, k_codec, v_codec)
+        return
+    kt, vt = kernel_tables(k_codec, key.device), kernel_tables(v_codec, key.device)
+    k_rot, v_rot = _rotation_pieces(kt, key.dtype), _rotation_pieces(vt, key.dtype)
+    pieces = k_rot.shape[0]
+    items = -(-num_tokens // _BLOCK_TOKENS) * num_heads
+    grid = (max(1, min(items, 4 * num_sms(key.device))), 2)
+    _encode_store_kernel[grid](
+        key, *key.stride(), value, *value.stride(),
+        slot_mapping, num_tokens, num_heads,
+        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+        k_rot, kt.boundaries, v_rot, vt.boundaries,
+        BLOCK_SIZE=k_packed.shape[1], D=head_dim, BT=_BLOCK_TOKENS, NPIECE=pieces,
+        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
+        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
+        UPCAST=interpreting(), num_warps=8,
+    )  # fmt: skip
+
+
+def _rotation_pieces(tables, dtype: torch.dtype) -> torch.Tensor:
+    # 16-bit inputs are exact in their own format, so a split of the f32 rotation into 16-bit terms gives
+    # f32-accurate products on the tensor cores; f32 inputs take one IEEE dot.
+    if dtype == torch.bfloat16:
+        return tables.rot_t_perm_bf16x3
+    if dtype == torch.float16:
+        return tables.rot_t_perm_f16x2
+    return tables.rot_t_perm.unsqueeze(0)

@@ -1,0 +1,51 @@
+"""Shared builders for the kernel tests: codecs, random TQ caches, block tables, poison values."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from tiercache.kernels import TurboQuantCodec
+
+# Every bit width appears for K and for V; K4V4 and K8V4 are the tuned presets.
+BIT_PAIRS = [(4, 4), (8, 4), (2, 3), (3, 2), (4, 8)]
+POISON_BYTE = 0xA5
+POISON_FLOAT = float("nan")
+
+
+@functools.cache
+def codec(head_dim: int, bits: int, seed: int = 0) -> TurboQuantCodec:
+    return TurboQuantCodec(head_dim, bits, seed=seed)
+
+
+def random_cache(
+    num_blocks: int, block_size: int, num_heads: int, c: TurboQuantCodec, gen: torch.Generator, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed bytes and norms, with packed viewed out of a wider buffer (non-trivial strides)."""
+    wide = torch.randint(0, 256, (num_blocks, block_size, num_heads, c.packed_dim + 3), generator=gen)
+    packed = wide.to(torch.uint8)[..., : c.packed_dim]
+    norms = torch.rand(num_blocks, block_size, num_heads, generator=gen) * 4 + 0.5
+    return packed.to(device), norms.to(device)
+
+
+def random_block_tables(
+    context_lens: list[int], block_size: int, num_blocks: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Distinct random physical blocks per sequence, padded with block 0: [B, max_blocks] int32."""
+    need = [-(-n // block_size) for n in context_lens]
+    width = max(need)
+    perm = torch.randperm(num_blocks, generator=gen)
+    assert sum(need) <= num_blocks
+    table = torch.zeros(len(context_lens), width, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    return table
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(out).any(), "output has unwritten (NaN-poisoned) elements"
+    return float((out - ref).norm() / ref.norm())

@@ -1,0 +1,65 @@
+"""tq_encode_store against codec.encode: bytes identical except for values within 1e-6 of a boundary."""
+
+import pytest
+import torch
+from kernel_cases import BIT_PAIRS, POISON_BYTE, codec
+
+from tiercache.kernels import tq_encode_store
+from tiercache.kernels.packing import unpack_indices
+
+CASES = [(kb, vb, d, 16, torch.bfloat16) for kb, vb in BIT_PAIRS for d in (64, 128)]
+OTHER_DTYPES = (torch.float16, torch.float32)
+CASES += [(kb, vb, 128, bs, dt) for kb, vb in [(4, 4), (8, 4)] for bs in (16, 32) for dt in OTHER_DTYPES]
+
+
+def ambiguous(x: torch.Tensor, c) -> torch.Tensor:
+    """Coordinates whose rotated value lies within 1e-6 of a codebook boundary (float64)."""
+    x64 = x.double()
+    u = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    y = u @ c.rotation.double().t()
+    return (y.unsqueeze(-1) - c.boundaries.double()).abs().min(-1).values < 1e-6
+
+
+def check_stored(x, slots, packed, norms, c, block_size):
+    keep = slots >= 0
+    blocks, offsets = slots[keep] // block_size, slots[keep] % block_size
+    expect_packed, expect_norms = c.encode(x[keep])
+    got = unpack_indices(packed[blocks, offsets].contiguous(), c.bits, c.head_dim)
+    want = unpack_indices(expect_packed, c.bits, c.head_dim)
+    bad = (got != want) & ~ambiguous(x[keep], c)
+    assert not bad.any(), f"{int(bad.sum())} indices differ away from a boundary"
+    torch.testing.assert_close(norms[blocks, offsets], expect_norms, rtol=2e-6, atol=1e-30)
+    untouched = torch.ones(packed.shape[:2], dtype=torch.bool)
+    untouched[blocks, offsets] = False
+    assert (packed[untouched] == POISON_BYTE).all(), "a slot not in slot_mapping was written"
+    assert torch.isnan(norms[untouched]).all()
+
+
+@pytest.mark.parametrize("k_bits,v_bits,head_dim,block_size,dtype", CASES)
+def test_encode_store_matches_codec(k_bits, v_bits, head_dim, block_size, dtype):
+    gen = torch.Generator().manual_seed(hash((k_bits, v_bits, head_dim, block_size, str(dtype))) % 2**31)
+    kc, vc = codec(head_dim, k_bits, 1), codec(head_dim, v_bits, 2)
+    tokens, heads, num_blocks = 45, 2, 6
+    key = (torch.randn(tokens, heads, head_dim, generator=gen) * 3).to(dtype)
+    value = torch.randn(tokens, 3 * heads, head_dim, generator=gen).to(dtype)[:, ::3]  # strided heads
+    key[5] = 0  # zero vectors encode to norm 0
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[[2, 11]] = -1
+    caches = [
+        torch.full((num_blocks, block_size, heads, kc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((num_blocks, block_size, heads), float("nan")),
+        torch.full((num_blocks, block_size, heads, vc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((num_blocks, block_size, heads), float("nan")),
+    ]
+    tq_encode_store(key, value, slots, *caches, kc, vc)
+    check_stored(key, slots, caches[0], caches[1], kc, block_size)
+    check_stored(value, slots, caches[2], caches[3], vc, block_size)
+
+
+def test_encode_store_rejects_wrong_cache():
+    kc = codec(64, 4)
+    key = torch.randn(3, 1, 64)
+    packed = torch.zeros(2, 16, 1, 7, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="packed_dim"):
+        norms = torch.zeros(2, 16, 1)
+        tq_encode_store(key, key, torch.arange(3), packed, norms, packed, norms, kc, kc)
