@@ -1,0 +1,100 @@
+"""Decisions as data: every store, hit, miss, spill, warm and eviction is a frozen event with its reason.
+
+Provides:
+    VRAM, DRAM, TIERS               tier names (plain strings, msgpack-able)
+    TierEvent                       base: seq, time, block_hash, codec_id, reason; .kind; .to_dict()
+    StoreEvent(tier, slot, stored)  a store completed (stored=True) or failed (stored=False)
+    HitEvent(tier, slot)            lookup found the block ready
+    MissEvent()                     lookup stopped here (reason: not stored, store in flight, load failed, …)
+    SpillEvent / WarmEvent          a move VRAM → DRAM / DRAM → VRAM: stage planned | done | failed, job id
+    EvictionEvent                   a victim the manager took: tier_from, tier_to (DRAM = spilled, None =
+                                    dropped), the policy actually used, score, score components, snapshot age
+    DropEvent                       a block left the tiers without a policy choice (failed load/store, clear)
+
+Drained by the caller with TierManager.take_events(); the eviction policy sees each one (policy.observe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+VRAM = "vram"
+DRAM = "dram"
+TIERS = (VRAM, DRAM)
+
+
+@dataclass(frozen=True)
+class TierEvent:
+    seq: int
+    time: float
+    block_hash: bytes
+    codec_id: str
+    reason: str
+    kind: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (msgpack-able), with the event kind."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["kind"] = self.kind
+        if "components" in out:
+            out["components"] = dict(out["components"])
+        return out
+
+
+@dataclass(frozen=True)
+class StoreEvent(TierEvent):
+    tier: str = VRAM
+    slot: int = -1
+    stored: bool = True
+    kind: ClassVar[str] = "store"
+
+
+@dataclass(frozen=True)
+class HitEvent(TierEvent):
+    tier: str = VRAM
+    slot: int = -1
+    kind: ClassVar[str] = "hit"
+
+
+@dataclass(frozen=True)
+class MissEvent(TierEvent):
+    kind: ClassVar[str] = "miss"
+
+
+@dataclass(frozen=True)
+class SpillEvent(TierEvent):
+    stage: str = "planned"  # planned | done | failed
+    job_id: int = -1
+    from_slot: int = -1  # VRAM
+    to_slot: int = -1  # DRAM
+    kind: ClassVar[str] = "spill"
+
+
+@dataclass(frozen=True)
+class WarmEvent(TierEvent):
+    stage: str = "planned"  # planned | done | failed
+    job_id: int = -1
+    from_slot: int = -1  # DRAM
+    to_slot: int = -1  # VRAM
+    kind: ClassVar[str] = "warm"
+
+
+@dataclass(frozen=True)
+class EvictionEvent(TierEvent):
+    tier_from: str = VRAM
+    tier_to: str | None = None  # DRAM: spilled; None: dropped
+    slot: int = -1
+    policy: str = "lru"  # the policy actually used (a fallback is recorded here and in reason)
+    score: float | None = None
+    components: tuple[tuple[str, float], ...] = ()
+    snapshot_age: float | None = None
+    kind: ClassVar[str] = "eviction"
+
+
+@dataclass(frozen=True)
+class DropEvent(TierEvent):
+    tier: str = VRAM
+    slot: int = -1
+    kind: ClassVar[str] = "drop"

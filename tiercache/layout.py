@@ -1,0 +1,89 @@
+"""Block geometry and byte layout shared by the pools, the manager's capacity and the planner.
+
+Provides:
+    BlockLayout(num_layers, block_size, num_kv_heads, k_packed_dim, v_packed_dim)
+        .block_bytes      bytes of one block: k/v packed + k/v norms, all layers (what both tiers hold)
+        .dram_stride      bytes between DRAM blocks (block_bytes rounded up to 64; block-major storage)
+        .sections()       [(name, byte offset in a block, shape per block, dtype name)]
+        .blocks_in(bytes, tier) / .bytes_per_token
+        from_spec(spec, num_layers, num_kv_heads, head_dim, block_size, dtype_bytes)
+
+Per block (one rank's KV-head shard), in the VRAM tier's 5-D format:
+    k_packed [L, BS, H, Pk] uint8   v_packed [L, BS, H, Pv] uint8   k_norms, v_norms [L, BS, H] float32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiercache.codecs import NORM_BYTES, KVCodecSpec
+
+DRAM_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    k_packed_dim: int
+    v_packed_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "block_size", "num_kv_heads", "k_packed_dim", "v_packed_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"BlockLayout.{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: KVCodecSpec,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype_bytes: int = 2,
+    ) -> BlockLayout:
+        pk, pv = spec.packed_dims(head_dim, dtype_bytes)
+        return cls(num_layers, block_size, num_kv_heads, pk, pv)
+
+    @property
+    def vectors(self) -> int:
+        """Vectors per block per side: layers × block_size × kv_heads."""
+        return self.num_layers * self.block_size * self.num_kv_heads
+
+    def sections(self) -> list[tuple[str, int, tuple[int, ...], str]]:
+        """(name, byte offset in a block, per-block shape, dtype): k_packed, v_packed, k_norms, v_norms.
+        Norm sections start at 4-byte-aligned offsets (packed sections are padded to 4)."""
+        per = (self.num_layers, self.block_size, self.num_kv_heads)
+        k_bytes = _round_up(self.vectors * self.k_packed_dim, NORM_BYTES)
+        v_bytes = _round_up(self.vectors * self.v_packed_dim, NORM_BYTES)
+        norm_bytes = self.vectors * NORM_BYTES
+        return [
+            ("k_packed", 0, (*per, self.k_packed_dim), "uint8"),
+            ("v_packed", k_bytes, (*per, self.v_packed_dim), "uint8"),
+            ("k_norms", k_bytes + v_bytes, per, "float32"),
+            ("v_norms", k_bytes + v_bytes + norm_bytes, per, "float32"),
+        ]
+
+    @property
+    def block_bytes(self) -> int:
+        """Payload bytes per block (identical in both tiers)."""
+        return self.vectors * (self.k_packed_dim + self.v_packed_dim + 2 * NORM_BYTES)
+
+    @property
+    def dram_stride(self) -> int:
+        offset = self.sections()[-1][1]
+        return _round_up(offset + self.vectors * NORM_BYTES, DRAM_ALIGN)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.block_bytes / self.block_size
+
+    def blocks_in(self, num_bytes: int, tier: str = "vram") -> int:
+        return num_bytes // (self.dram_stride if tier == "dram" else self.block_bytes)
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to

@@ -1,0 +1,329 @@
+"""Scheduler-side tier manager: decides where blocks live; the worker side (pools, transfer) executes.
+
+Provides:
+    TierManager(vram_blocks, dram_blocks, codec_id, policy=None, spill_watermark=1/16, clock=monotonic)
+    TierManager.from_config(config, layout, codec_id, policy=None)
+
+Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored with the codec id):
+    lookup(hashes, codec_id=None) -> int         leading blocks ready in either tier (hit/miss events)
+    prepare_load(hashes) -> PrepareLoadOutput | None   pins the blocks; plans warms of DRAM-resident ones
+    complete_load(hashes, ok=True)                unpins; ok=False drops the blocks (never served again)
+    touch(hashes)                                 marks recently used
+    prepare_store(hashes) -> PrepareStoreOutput | None   (tier, slot) per new block: VRAM while free, else
+                                                  straight to DRAM; None = no room in either (logged)
+    complete_store(hashes, ok=True)               the blocks become readable (or are released)
+    prefetch(hashes) -> int                       plan warms DRAM → VRAM (e.g. from the advisor)
+    take_jobs() -> list[TransferJob]              spills and warms planned since the last call
+    complete_transfer(job_id, ok=True)            the worker finished a job: blocks move (or stay, on failure)
+    take_events() -> list[TierEvent]              everything that happened, with reasons
+    stats() -> dict, quick_check(), check()
+
+Room: new blocks go to VRAM while it has free slots, else straight to DRAM. Whenever free VRAM drops below the
+watermark (spill_watermark × VRAM blocks), cold VRAM blocks are spilled to DRAM (not dropped), so VRAM keeps
+room for the next stores and warms; a DRAM-resident block that gets a load hit is warmed back. When DRAM is
+full, its victims are dropped. A source slot is released only when the worker reports the move complete and
+no load still reads it, so jobs never race each other. Blocks with loads, stores or moves in flight are never
+victims. Not thread-safe: one scheduler thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from tiercache.allocator import SlotAllocator
+from tiercache.events import DRAM, VRAM, DropEvent, EvictionEvent, HitEvent, MissEvent, StoreEvent, TierEvent
+from tiercache.index import BlockEntry, BlockIndex
+from tiercache.jobs import SPILL, WARM, PrepareLoadOutput, PrepareStoreOutput, TransferJob
+from tiercache.mover import Mover
+from tiercache.policy import EvictionPolicy, LRUPolicy, VictimDecision
+
+logger = logging.getLogger(__name__)
+
+
+class TierManager:
+    def __init__(
+        self,
+        vram_blocks: int,
+        dram_blocks: int,
+        codec_id: str,
+        policy: EvictionPolicy | None = None,
+        *,
+        spill_watermark: float = 1 / 16,
+        clock: Callable[[], float] = time.monotonic,
+        max_events: int = 1_000_000,
+    ) -> None:
+        self.codec_id = codec_id
+        self.policy = policy or LRUPolicy(clock)
+        self.clock = clock
+        self.alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
+        self.index = BlockIndex()
+        self.watermark = math.ceil(vram_blocks * spill_watermark) if dram_blocks else 0
+        self.mover = Mover(self)
+        self._events: list[TierEvent] = []
+        self._seq = 0
+        self._max_events = max_events
+        self.events_dropped = 0
+
+    @classmethod
+    def from_config(cls, config, layout, codec_id: str, policy: EvictionPolicy | None = None) -> TierManager:
+        """Capacities from the config's tier sizes (bytes or tokens) and the block layout."""
+        from tiercache.policy import make_policy
+
+        def blocks(size, tier: str) -> int:
+            if size.tokens is not None:
+                return size.tokens // layout.block_size
+            return layout.blocks_in(size.bytes, tier)
+
+        return cls(
+            blocks(config.tiers.vram, VRAM),
+            blocks(config.tiers.dram, DRAM),
+            codec_id,
+            policy or make_policy(config.eviction),
+        )
+
+    # ----------------------------------------------------------------- lookups and loads
+    def lookup(self, hashes: Sequence[bytes], codec_id: str | None = None) -> int:
+        codec_id = codec_id or self.codec_id
+        for n, block_hash in enumerate(hashes):
+            entry = self.index.get(block_hash)
+            reason = _unreadable(entry, codec_id)
+            if reason:
+                self.emit(MissEvent, block_hash, reason)
+                return n
+            self.emit(HitEvent, block_hash, "lookup", tier=entry.tier, slot=entry.slot)
+        return len(hashes)
+
+    def prepare_load(self, hashes: Sequence[bytes]) -> PrepareLoadOutput | None:
+        entries = [self.index.get(h) for h in hashes]
+        for block_hash, entry in zip(hashes, entries, strict=True):
+            reason = _unreadable(entry, self.codec_id)
+            if reason:
+                logger.info("tiercache: load refused: block %s %s", block_hash.hex()[:16], reason)
+                return None
+        now = self.clock()
+        for entry in entries:
+            entry.refs += 1
+            entry.hits += 1
+            self.index.touch(entry, now)
+        out = PrepareLoadOutput(tuple(hashes), tuple(e.tier for e in entries), tuple(e.slot for e in entries))
+        self.mover.plan_warm([e for e in entries if e.tier == DRAM and e.move is None], "load hit in dram")
+        self.mover.make_vram_room(0)
+        return out
+
+    def complete_load(self, hashes: Sequence[bytes], ok: bool = True) -> None:
+        for block_hash in hashes:
+            entry = self.index.get(block_hash)
+            if entry is None or entry.refs <= 0:
+                raise ValueError(f"complete_load: block {block_hash.hex()[:16]} has no load in flight")
+            entry.refs -= 1
+            if not ok:
+                entry.bad = True
+            if entry.refs == 0:
+                self.release_retired(entry)
+            if entry.bad and entry.idle:
+                self.drop(entry, "load failed: block will be recomputed")
+
+    def touch(self, hashes: Sequence[bytes]) -> None:
+        now = self.clock()
+        for block_hash in hashes:
+            entry = self.index.get(block_hash)
+            if entry is not None:
+                self.index.touch(entry, now)
+
+    def prefetch(self, hashes: Sequence[bytes]) -> int:
+        """Plan warms for the given blocks that sit idle in DRAM; returns how many were planned."""
+        entries = [self.index.get(h) for h in hashes]
+        todo = [e for e in entries if e and e.tier == DRAM and e.ready and not e.bad and e.move is None]
+        return self.mover.plan_warm(todo, "prefetch", reserve=self.watermark)
+
+    # ----------------------------------------------------------------- stores
+    def prepare_store(self, hashes: Sequence[bytes]) -> PrepareStoreOutput | None:
+        new: list[bytes] = []
+        skipped: list[bytes] = []
+        seen: set[bytes] = set()
+        for block_hash in hashes:
+            (skipped if block_hash in self.index or block_hash in seen else new).append(block_hash)
+            seen.add(block_hash)
+        if not new:
+            return PrepareStoreOutput((), (), (), tuple(skipped))
+        n_vram = min(len(new), self.alloc[VRAM].num_free)
+        n_dram = self.mover.dram_room(len(new) - n_vram)
+        take = n_vram + n_dram
+        if take < len(new):
+            self._log_no_room(len(new), take)
+            if take == 0:
+                return None
+        placed = [(VRAM, s) for s in self.alloc[VRAM].allocate(n_vram)]
+        placed += [(DRAM, s) for s in self.alloc[DRAM].allocate(n_dram)]
+        now = self.clock()
+        for block_hash, (tier, slot) in zip(new, placed, strict=False):
+            self.index.add(BlockEntry(block_hash, self.codec_id, tier, slot, now, now))
+        self.mover.make_vram_room(0)  # restore the free-VRAM watermark by spilling cold blocks
+        return PrepareStoreOutput(
+            tuple(new[:take]),
+            tuple(t for t, _ in placed),
+            tuple(s for _, s in placed),
+            tuple(skipped),
+            tuple(new[take:]),
+        )
+
+    def complete_store(self, hashes: Sequence[bytes], ok: bool = True) -> None:
+        for block_hash in hashes:
+            entry = self.index.get(block_hash)
+            if entry is None or entry.ready:
+                raise ValueError(f"complete_store: block {block_hash.hex()[:16]} has no store in flight")
+            if ok:
+                self.index.mark_ready(entry)
+                self.emit(StoreEvent, block_hash, "stored", tier=entry.tier, slot=entry.slot)
+            else:
+                self.index.remove(entry)
+                self.alloc[entry.tier].free([entry.slot])
+                self.emit(
+                    StoreEvent, block_hash, "store failed", tier=entry.tier, slot=entry.slot, stored=False
+                )
+        self.mover.make_vram_room(0)
+
+    # ----------------------------------------------------------------- transfers and events
+    def take_jobs(self) -> list[TransferJob]:
+        return self.mover.take_jobs()
+
+    def complete_transfer(self, job_id: int, ok: bool = True) -> None:
+        self.mover.complete(job_id, ok)
+
+    def take_events(self) -> list[TierEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def emit(self, event_type: type[TierEvent], block_hash: bytes, reason: str, **fields) -> None:
+        self._seq += 1
+        event = event_type(self._seq, self.clock(), block_hash, self.codec_id, reason, **fields)
+        try:
+            self.policy.observe(event)
+        except Exception:  # a policy bug must not break the cache
+            logger.exception("tiercache: eviction policy %s failed to observe an event", self.policy.name)
+        if len(self._events) >= self._max_events:
+            if not self.events_dropped:
+                logger.warning("tiercache: %d events not drained; dropping new ones", len(self._events))
+            self.events_dropped += 1
+            return
+        self._events.append(event)
+
+    # ----------------------------------------------------------------- eviction
+    def choose_victims(self, tier: str, n: int) -> list[tuple[BlockEntry, VictimDecision]]:
+        """Ask the policy for n victims, keep the valid ones, fill a shortfall least-recently-used first."""
+        candidates = self.index.candidates(tier)
+        try:
+            proposed = self.policy.choose_victims(tier, n, candidates) if n > 0 else []
+        except Exception:
+            logger.exception("tiercache: eviction policy %s failed; using LRU", self.policy.name)
+            proposed = []
+        chosen: dict[bytes, VictimDecision] = {}
+        for decision in proposed:
+            if len(chosen) < n and decision.block_hash not in chosen and decision.block_hash in candidates:
+                chosen[decision.block_hash] = decision
+        if len(chosen) < n:
+            note = f"lru fill after {self.policy.name} returned {len(chosen)} of {n}"
+            for block_hash in candidates:
+                if len(chosen) == n:
+                    break
+                if block_hash not in chosen:
+                    chosen[block_hash] = VictimDecision(block_hash, note, policy="lru")
+        return [(self.index.entries[h], d) for h, d in chosen.items()]
+
+    def evict(self, entry: BlockEntry, decision: VictimDecision, tier_to: str | None) -> None:
+        self.emit(
+            EvictionEvent, entry.block_hash, decision.reason, tier_from=entry.tier, tier_to=tier_to,
+            slot=entry.slot, policy=decision.policy, score=decision.score,
+            components=tuple(decision.components), snapshot_age=decision.snapshot_age,
+        )  # fmt: skip
+        if tier_to is None:
+            self.index.remove(entry)
+            self.alloc[entry.tier].free([entry.slot])
+
+    def drop(self, entry: BlockEntry, reason: str) -> None:
+        """Remove an idle block without a policy choice (failed load or transfer)."""
+        assert entry.idle
+        self.index.remove(entry)
+        self.alloc[entry.tier].free([entry.slot])
+        self.release_retired(entry)
+        self.emit(DropEvent, entry.block_hash, reason, tier=entry.tier, slot=entry.slot)
+
+    def release_retired(self, entry: BlockEntry) -> None:
+        for tier, slot in entry.retired:
+            self.alloc[tier].free([slot])
+        self.mover.retired_slots -= len(entry.retired)
+        entry.retired.clear()
+
+    # ----------------------------------------------------------------- introspection
+    def stats(self) -> dict[str, int]:
+        vram, dram = self.alloc[VRAM], self.alloc[DRAM]
+        return {
+            "blocks": len(self.index),
+            "vram_capacity": vram.capacity, "vram_free": vram.num_free,
+            "dram_capacity": dram.capacity, "dram_free": dram.num_free,
+            "jobs_in_flight": self.mover.jobs_in_flight, "spilling": self.mover.spilling,
+        }  # fmt: skip
+
+    def quick_check(self) -> None:
+        """O(1) invariant: slots in use = stored blocks + move destinations + retired slots."""
+        used = self.alloc[VRAM].num_used + self.alloc[DRAM].num_used
+        expected = len(self.index) + self.mover.moving_blocks + self.mover.retired_slots
+        assert used == expected, f"slots in use {used} != blocks {len(self.index)} + moving + retired"
+
+    def check(self) -> None:
+        """Full invariant check, O(capacity + blocks): every used slot is owned by exactly one thing."""
+        owners: dict[tuple[str, int], bytes] = {}
+
+        def own(tier: str, slot: int, block_hash: bytes) -> None:
+            assert (tier, slot) not in owners, f"{tier} slot {slot} owned twice"
+            assert self.alloc[tier].is_used(slot), f"{tier} slot {slot} owned but free"
+            owners[tier, slot] = block_hash
+
+        retired = moving = 0
+        for block_hash, entry in self.index.entries.items():
+            own(entry.tier, entry.slot, block_hash)
+            assert entry.refs >= 0
+            assert (block_hash in self.index.order[entry.tier]) == entry.ready
+            if entry.move is not None:
+                own(entry.move.to_tier, entry.move.to_slot, block_hash)
+                moving += 1
+            for tier, slot in entry.retired:
+                own(tier, slot, block_hash)
+                retired += 1
+        assert moving == self.mover.moving_blocks and retired == self.mover.retired_slots
+        for tier, alloc in self.alloc.items():
+            alloc.check()
+            assert alloc.num_used == sum(1 for t, _ in owners if t == tier), f"{tier}: leaked slots"
+            assert len(self.index.order[tier]) == sum(
+                1 for e in self.index.entries.values() if e.tier == tier and e.ready
+            )
+
+    def _log_no_room(self, need: int, got: int) -> None:
+        if not logger.isEnabledFor(logging.WARNING):
+            return
+        vram = self.alloc[VRAM]
+        pinned = sum(1 for e in self.index.entries.values() if e.tier == VRAM and not e.evictable)
+        logger.warning(
+            "tiercache: out of room: store of %d blocks got %d (VRAM %d/%d free, %d spilling, "
+            "%d pinned by loads/stores/moves; DRAM %d/%d free)",
+            need, got, vram.num_free, vram.capacity, self.mover.spilling, pinned,
+            self.alloc[DRAM].num_free, self.alloc[DRAM].capacity,
+        )  # fmt: skip
+
+
+def _unreadable(entry: BlockEntry | None, codec_id: str) -> str | None:
+    if entry is None:
+        return "not stored"
+    if entry.codec_id != codec_id:
+        return f"codec mismatch: stored {entry.codec_id}, asked {codec_id}"
+    if not entry.ready:
+        return "store in flight"
+    if entry.bad:
+        return "a load of it failed: recompute"
+    return None
+
+
+__all__ = ["SPILL", "WARM", "TierManager"]

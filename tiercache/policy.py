@@ -1,0 +1,116 @@
+"""Eviction policy seam: the manager asks a policy for victims, validates them and records why.
+
+Provides:
+    VictimDecision                  one proposed victim: block hash, reason, score, score components
+    Candidates                      what a policy may choose from: evictable blocks of one tier
+    EvictionPolicy                  base class: choose_victims(tier, n, candidates), observe(event)
+    LRUPolicy                       least recently used first
+    make_policy(eviction_config)    "lru" → LRUPolicy; "graph" → tiercache.graph's advisor when it provides
+                                    make_eviction_policy(config), else LRU with one log line
+
+The seam, for the graph advisor (tiercache.graph):
+    class GraphPolicy(EvictionPolicy):
+        name = "graph"
+        def choose_victims(self, tier, n, candidates) -> list[VictimDecision]: ...   # hot path: read a
+            # precomputed snapshot; only hashes `in candidates` are taken (others are ignored by the manager)
+        def observe(self, event) -> None: ...   # every TierEvent the manager emits, in order (cheap!)
+    and in tiercache.graph: def make_eviction_policy(config: EvictionConfig) -> EvictionPolicy.
+The manager takes at most n valid decisions; if fewer than n come back it fills the rest LRU-first and says
+so in each filled event's reason ("… fill after graph returned k of n"). A block with a load, store or move
+in flight is never a candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from tiercache.events import TierEvent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VictimDecision:
+    block_hash: bytes
+    reason: str
+    score: float | None = None
+    components: tuple[tuple[str, float], ...] = ()
+    policy: str = "lru"
+    snapshot_age: float | None = None  # seconds; None when the policy keeps no snapshot
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Read-only view of one stored block, for policies."""
+
+    block_hash: bytes
+    tier: str
+    slot: int
+    stored_at: float
+    last_access: float
+    hits: int
+
+
+class Candidates(Protocol):
+    """Evictable blocks of one tier. Iteration is least recently used first and lazy (stop early)."""
+
+    tier: str
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def __contains__(self, block_hash: object) -> bool: ...
+
+    def info(self, block_hash: bytes) -> BlockInfo: ...
+
+
+class EvictionPolicy:
+    name = "base"
+
+    def choose_victims(self, tier: str, n: int, candidates: Candidates) -> list[VictimDecision]:
+        raise NotImplementedError
+
+    def observe(self, event: TierEvent) -> None:
+        """Called with every event the manager emits; the default ignores them."""
+
+
+class LRUPolicy(EvictionPolicy):
+    name = "lru"
+
+    def __init__(self, clock=None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+
+    def choose_victims(self, tier: str, n: int, candidates: Candidates) -> list[VictimDecision]:
+        now = self._clock()
+        out: list[VictimDecision] = []
+        for block_hash in candidates:
+            if len(out) == n:
+                break
+            idle = now - candidates.info(block_hash).last_access
+            out.append(
+                VictimDecision(
+                    block_hash,
+                    reason=f"least recently used in {tier} (idle {idle:.3f}s)",
+                    score=-idle,
+                    components=(("idle_s", idle),),
+                    policy=self.name,
+                )
+            )
+        return out
+
+
+def make_policy(config=None) -> EvictionPolicy:
+    """The policy a config names; "graph" needs tiercache.graph.make_eviction_policy (LRU until it exists)."""
+    name = getattr(config, "policy", "lru")
+    if name == "lru":
+        return LRUPolicy()
+    try:
+        from tiercache.graph import make_eviction_policy  # provided by the graph package
+    except ImportError:
+        logger.warning("tiercache: eviction.policy=graph but tiercache.graph has no advisor yet; using LRU")
+        return LRUPolicy()
+    return make_eviction_policy(config)
