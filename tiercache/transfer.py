@@ -1,0 +1,210 @@
+"""Worker-side transfer engine: spill (VRAM → DRAM) and warm (DRAM → VRAM) of arbitrary block sets.
+
+Provides:
+    TransferEngine(vram, dram, max_batch_blocks=1024)
+        submit(job: TransferJob)          start a spill or warm; never blocks the caller (CUDA)
+        poll() -> list[TransferResult]    jobs finished since the last poll (non-blocking)
+        wait() -> list[TransferResult]    block until everything submitted has finished
+        read_dram(slots) -> KVBlocks      DRAM blocks on the VRAM device (current stream), e.g. to decode a
+                                          load straight from DRAM
+        write_dram(slots, blocks)         blocks on the VRAM device → DRAM slots (a store that went to DRAM)
+    TransferResult                        job id, kind, ok, blocks, bytes, seconds, error; .to_dict()
+
+How a batch moves (no scatter on the CPU, one DMA per run of consecutive DRAM slots):
+    spill: pairs sorted by DRAM slot; GPU gather (index_select) of the VRAM blocks into a device staging
+           buffer laid out like DRAM rows [n, stride]; then one copy per run of consecutive DRAM slots
+           straight into the pinned pool (the manager hands out spill destinations as one run when it can).
+    warm:  pairs sorted by DRAM slot; one copy per run pinned pool → staging; GPU scatter (index_copy_)
+           into the VRAM tensors.
+On CUDA each direction has its own stream (spill D2H and warm H2D overlap) that first waits for the caller's
+current stream; CUDA events time each job. On CPU the same code runs synchronously on plain memory.
+Jobs never depend on each other (see jobs.py), so their order on the streams does not matter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tiercache.allocator import contiguous_runs
+from tiercache.jobs import SPILL, WARM, TransferJob
+from tiercache.pools import SECTIONS, DramPool, KVBlocks, VramPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    job_id: int
+    kind: str
+    ok: bool
+    blocks: int
+    bytes: int
+    seconds: float
+    error: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TransferEngine:
+    def __init__(self, vram: VramPool, dram: DramPool, max_batch_blocks: int = 1024) -> None:
+        if vram.layout != dram.layout:
+            raise ValueError(f"VRAM and DRAM pools have different layouts: {vram.layout} vs {dram.layout}")
+        self.vram = vram
+        self.dram = dram
+        self.device = vram.device
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and not dram.pinned:
+            logger.warning(
+                "tiercache: DRAM tier is not pinned: transfers will be slow and partly synchronous"
+            )
+        self.max_batch = max(1, min(max_batch_blocks, max(vram.num_blocks, 1)))
+        stride = dram.stride
+        self._staging = {
+            kind: torch.empty(self.max_batch, stride, dtype=torch.uint8, device=self.device)
+            for kind in (SPILL, WARM)
+        }  # [max_batch, stride] uint8: device rows laid out exactly like DRAM rows
+        self._streams = {kind: torch.cuda.Stream(self.device) for kind in (SPILL, WARM)} if self.cuda else {}
+        self._pending: list[tuple[TransferJob, torch.cuda.Event, torch.cuda.Event]] = []
+        self._done: list[TransferResult] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def submit(self, job: TransferJob) -> None:
+        try:
+            self._check(job)
+            if not self.cuda:
+                t0 = time.perf_counter()
+                self._run(job)
+                self._done.append(self._result(job, time.perf_counter() - t0))
+                return
+            stream = self._streams[job.kind]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                start.record(stream)
+                self._run(job)
+                end.record(stream)
+            self._pending.append((job, start, end))
+        except Exception as exc:  # a failed transfer is reported, never raised into the engine
+            logger.warning("tiercache: %s job %d failed: %s", job.kind, job.job_id, exc)
+            self._done.append(self._result(job, 0.0, error=f"{exc.__class__.__name__}: {exc}"))
+
+    def poll(self) -> list[TransferResult]:
+        still = []
+        for job, start, end in self._pending:
+            if end.query():
+                self._done.append(self._result(job, start.elapsed_time(end) / 1e3))
+            else:
+                still.append((job, start, end))
+        self._pending = still
+        done, self._done = self._done, []
+        return done
+
+    def wait(self) -> list[TransferResult]:
+        for _, _, end in self._pending:
+            end.synchronize()
+        return self.poll()
+
+    def read_dram(self, slots) -> KVBlocks:
+        """DRAM blocks → a fresh KVBlocks on the VRAM device ([L, n, …] contiguous), on the current stream."""
+        slots = list(slots)
+        staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        self._dma([slots[i] for i in order], staging, to_dram=False)
+        inverse = torch.empty(len(slots), dtype=torch.int64)
+        inverse[torch.as_tensor(order, dtype=torch.int64)] = torch.arange(len(slots))
+        rows = staging.index_select(0, inverse.to(self.device)) if order != sorted(order) else staging
+        return KVBlocks(*(v.transpose(0, 1).contiguous() for v in self._sections(rows).values()))
+
+    def write_dram(self, slots, blocks: KVBlocks) -> None:
+        """Blocks on the VRAM device ([L, n, …]) → DRAM slots, on the current stream."""
+        slots = list(slots)
+        staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
+        for name, view in self._sections(staging).items():
+            view.copy_(getattr(blocks, name).transpose(0, 1))
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        rows = staging.index_select(0, torch.as_tensor(order, device=self.device)) if order else staging
+        self._dma([slots[i] for i in order], rows, to_dram=True)
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, job: TransferJob) -> None:
+        vram_slots, dram_slots = (
+            (job.src_slots, job.dst_slots) if job.kind == SPILL else (job.dst_slots, job.src_slots)
+        )
+        pairs = sorted(zip(dram_slots, vram_slots, strict=True))
+        staging = self._staging[job.kind]
+        for i in range(0, len(pairs), self.max_batch):
+            chunk = pairs[i : i + self.max_batch]
+            rows = staging[: len(chunk)]
+            idx = self._device_index([v for _, v in chunk])
+            if job.kind == SPILL:
+                for name, view in self._sections(rows).items():
+                    view.copy_(getattr(self.vram, name).index_select(1, idx).transpose(0, 1))
+                self._dma([d for d, _ in chunk], rows, to_dram=True)
+            else:
+                self._dma([d for d, _ in chunk], rows, to_dram=False)
+                for name, view in self._sections(rows).items():
+                    getattr(self.vram, name).index_copy_(1, idx, view.transpose(0, 1))
+
+    def _dma(self, dram_slots: list[int], rows: torch.Tensor, to_dram: bool) -> None:
+        """Copy rows[i] ↔ DRAM block dram_slots[i] (slots ascending): one copy per run of consecutive slots,
+        split where a pinned registration chunk ends."""
+        buffer = self.dram.buffer
+        i = 0
+        for start, length in contiguous_runs(dram_slots):
+            while length:
+                n = min(length, self.dram.chunk_end(start) - start)
+                host, dev = buffer[start : start + n], rows[i : i + n]
+                if to_dram:
+                    host.copy_(dev, non_blocking=self.cuda)
+                else:
+                    dev.copy_(host, non_blocking=self.cuda)
+                i, start, length = i + n, start + n, length - n
+
+    def _sections(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Typed [n, L, BS, H, (P)] views of the sections of rows laid out like DRAM rows."""
+        n = rows.shape[0]
+        out = {}
+        for name, offset, shape, dtype in self.vram.layout.sections():
+            per = 1
+            for s in shape:
+                per *= s
+            width = per * (4 if dtype == "float32" else 1)
+            raw = rows[:, offset : offset + width]
+            typed = raw.view(torch.float32) if dtype == "float32" else raw
+            out[name] = typed.view(n, *shape)
+        assert tuple(out) == SECTIONS
+        return out
+
+    def _device_index(self, slots: list[int]) -> torch.Tensor:
+        idx = torch.as_tensor(slots, dtype=torch.int64)
+        if self.cuda:
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        return idx
+
+    def _check(self, job: TransferJob) -> None:
+        for tier_slots, pool in ((job.src_slots, job.src_tier), (job.dst_slots, job.dst_tier)):
+            limit = self.vram.num_blocks if pool == "vram" else self.dram.num_blocks
+            bad = [s for s in tier_slots if not 0 <= s < limit]
+            if bad:
+                raise IndexError(f"{pool} slots out of range [0, {limit}): {bad[:5]}")
+
+    def _result(self, job: TransferJob, seconds: float, error: str | None = None) -> TransferResult:
+        n = len(job)
+        return TransferResult(
+            job.job_id, job.kind, error is None, n, n * self.vram.layout.block_bytes, seconds, error
+        )
+
+
+__all__ = ["WARM", "TransferEngine", "TransferResult"]
