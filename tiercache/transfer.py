@@ -149,8 +149,8 @@ class TransferEngine:
             rows = staging[: len(chunk)]
             idx = self._device_index([v for _, v in chunk])
             if job.kind == SPILL:
-                for name, view in self._sections(rows).items():
-                    view.copy_(getattr(self.vram, name).index_select(1, idx).transpose(0, 1))
+                for name, view in self._sections(rows).items():  # gather straight into the staging rows
+                    torch.index_select(getattr(self.vram, name), 1, idx, out=view.transpose(0, 1))
                 self._dma([d for d, _ in chunk], rows, to_dram=True)
             else:
                 self._dma([d for d, _ in chunk], rows, to_dram=False)
