@@ -13,6 +13,7 @@ import sys
 # parser builds fast.
 COMMANDS: dict[str, tuple[str, str]] = {
     "codec-report": ("tiercache.codec_report", "TurboQuant error, compression and CPU speed per bit width"),
+    "plan": ("tiercache.planner", "bytes per token and tokens per tier for bf16, fp8 and TurboQuant presets"),
 }
 
 

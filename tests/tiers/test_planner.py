@@ -1,0 +1,94 @@
+"""`tiercache plan` against hand-computed numbers for two model geometries."""
+
+import json
+
+import pytest
+
+from tiercache.cli import main
+from tiercache.codecs import KVCodecSpec
+from tiercache.planner import ModelGeometry, load_model_config, model_geometry, plan_rows
+
+LLAMA3_8B = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
+SMOLLM2_135M = {
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+}
+
+# Hand-computed bytes per token: bf16 = L·H·d·2·2, fp8 = L·H·d·2, TQ = L·H·[(d·k/8 + 4) + (d·v/8 + 4)]
+#   Llama-3-8B (L 32, H 8, d 128): K4V4 32·8·(68+68) K8V4 32·8·(132+68) K3V4 32·8·(52+68) K8V8 32·8·(132+132)
+#   SmolLM2-135M (L 30, H 3, d 64): K4V4 30·3·(36+36) K8V4 30·3·(68+36) K3V4 30·3·(28+36) K8V8 30·3·(68+68)
+EXPECTED = {
+    "llama": {"bf16": 131072, "fp8": 65536, "tq4": 34816, "k8v4": 51200, "k3v4": 30720, "k8v8": 67584},
+    "smollm": {"bf16": 23040, "fp8": 11520, "tq4": 6480, "k8v4": 9360, "k3v4": 5760, "k8v8": 12240},
+}
+GIB = 2**30
+
+
+def by_name(rows):
+    out = {}
+    for row in rows:
+        key = row.name.split(" (")[1].rstrip(")") if "(" in row.name else row.name
+        out[key] = row
+    return out
+
+
+@pytest.mark.parametrize(("config", "key", "geometry"), [
+    (LLAMA3_8B, "llama", ModelGeometry(32, 8, 128)),
+    (SMOLLM2_135M, "smollm", ModelGeometry(30, 3, 64)),
+])  # fmt: skip
+def test_bytes_and_tokens_per_tier(config, key, geometry):
+    assert model_geometry(config) == geometry
+    rows = by_name(plan_rows(geometry, 4 * GIB, 32 * GIB))
+    for name, bytes_per_token in EXPECTED[key].items():
+        assert rows[name].bytes_per_token == bytes_per_token, name
+        assert rows[name].tokens_vram == 4 * GIB // bytes_per_token
+        assert rows[name].tokens_dram == 32 * GIB // bytes_per_token
+
+
+def test_hand_computed_token_counts():
+    rows = by_name(plan_rows(ModelGeometry(32, 8, 128), 4 * GIB, 32 * GIB))
+    assert rows["tq4"].tokens_vram == 123_361  # 4,294,967,296 / 34,816 = 123,361.9
+    assert rows["bf16"].tokens_vram == 32_768 and rows["bf16"].tokens_dram == 262_144
+    assert rows["k8v4"].tokens_dram == 671_088  # 34,359,738,368 / 51,200 = 671,088.6
+
+
+def test_head_dim_key_nested_text_config_and_tp():
+    cfg = {"text_config": {"num_hidden_layers": 4, "num_attention_heads": 8, "head_dim": 256}}
+    assert model_geometry(cfg) == ModelGeometry(4, 8, 256)
+    assert ModelGeometry(32, 8, 128).per_rank(4) == ModelGeometry(32, 2, 128)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        model_geometry({"hidden_size": 4})
+
+
+def test_configured_custom_codec_is_added():
+    rows = plan_rows(ModelGeometry(2, 2, 64), GIB, GIB, KVCodecSpec(2, 4))
+    assert rows[-1].configured and rows[-1].bytes_per_token == 2 * 2 * (16 + 4 + 32 + 4)
+
+
+def test_cli_prints_the_table(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA3_8B))
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text("codec: tq4\ntiers:\n  vram: 4GiB\n  dram: 32GiB\n")
+    assert main(["plan", "--model", str(model), "--config", str(tiers)]) == 0
+    out = capsys.readouterr().out
+    assert "TQ K4V4 (tq4) *" in out and "34,816" in out and "123,361" in out and "3.76x" in out
+    assert load_model_config(json.dumps(SMOLLM2_135M))["num_hidden_layers"] == 30
+
+
+def test_cli_token_sized_tiers_and_errors(tmp_path, capsys):
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text("codec: k8v4\ntiers:\n  vram: 100k tokens\n")
+    assert main(["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers)]) == 0
+    out = capsys.readouterr().out
+    assert "(100,000)" in out and "tiers.vram = 100,000 tokens: 4.77 GiB with the configured codec" in out
+    assert main(["plan", "--model", str(tmp_path / "nope")]) == 2
+    assert "is not a config.json" in capsys.readouterr().err

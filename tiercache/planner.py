@@ -1,0 +1,136 @@
+"""`tiercache plan`: bytes per token and tokens per tier for bf16, fp8 and the TurboQuant presets.
+
+Provides:
+    ModelGeometry(num_layers, num_kv_heads, head_dim)      from a Hugging Face config.json (dict)
+    model_geometry(config) / load_model_config(path_or_json)
+    PlanRow(name, bytes_per_token, tokens_vram, tokens_dram)
+    plan_rows(geometry, vram_bytes, dram_bytes, codec=None) -> list[PlanRow]
+    add_arguments(parser), run(args) -> int                  the CLI subcommand
+
+Bytes per token (per rank, all layers, K and V):
+    bf16 / fp8:  layers × kv_heads × head_dim × 2 × (2 or 1)
+    TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
+Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COMMON_PRESETS = ("tq4", "k8v4", "k3v4", "k8v8")
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def per_rank(self, tensor_parallel: int) -> ModelGeometry:
+        return ModelGeometry(self.num_layers, max(1, self.num_kv_heads // tensor_parallel), self.head_dim)
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    name: str
+    bytes_per_token: int
+    tokens_vram: int | None
+    tokens_dram: int | None
+    configured: bool = False
+
+
+def load_model_config(source: str) -> dict[str, Any]:
+    """A config.json path, a model directory holding one, or the JSON text itself."""
+    if source.lstrip().startswith("{"):
+        return json.loads(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--model: {source!r} is not a config.json, a directory holding one, or JSON text")
+    return json.loads(path.read_text())
+
+
+def model_geometry(config: dict[str, Any]) -> ModelGeometry:
+    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    missing = [k for k in ("num_hidden_layers", "num_attention_heads") if k not in config]
+    if missing:
+        raise ValueError(f"model config lacks {', '.join(missing)}: is this a Hugging Face config.json?")
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = config.get("head_dim")
+    if not head_dim:
+        if "hidden_size" not in config:
+            raise ValueError("model config has neither head_dim nor hidden_size")
+        head_dim = int(config["hidden_size"]) // heads
+    return ModelGeometry(int(config["num_hidden_layers"]), kv_heads, int(head_dim))
+
+
+def plan_rows(
+    geometry: ModelGeometry, vram_bytes: int | None, dram_bytes: int | None, codec=None
+) -> list[PlanRow]:
+    from tiercache.codecs import KVCodecSpec
+
+    L, H, d = geometry.num_layers, geometry.num_kv_heads, geometry.head_dim
+    sizes: list[tuple[str, int, bool]] = [("bf16", L * H * d * 2 * 2, False), ("fp8", L * H * d * 2, False)]
+    specs = [KVCodecSpec.from_preset(p) for p in COMMON_PRESETS]
+    if codec is not None and not codec.lossless and codec not in specs:
+        specs.append(codec)
+    for spec in specs:
+        label = f"TQ K{spec.key_bits}V{spec.value_bits} ({spec.name})"
+        sizes.append((label, spec.bytes_per_token(L, H, d), codec is not None and spec == codec))
+    if codec is not None and codec.lossless:
+        sizes[0] = ("bf16 (none: lossless)", sizes[0][1], True)
+
+    def tokens(total: int | None, per: int) -> int | None:
+        return None if total is None else total // per
+
+    return [PlanRow(n, b, tokens(vram_bytes, b), tokens(dram_bytes, b), c) for n, b, c in sizes]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="config.json, a model directory, or JSON text")
+    parser.add_argument("--config", help="tiers.yaml (default: $TIERCACHE_CONFIG, else built-in defaults)")
+    parser.add_argument("--tensor-parallel", "--tp", type=int, default=1, help="ranks sharing the KV heads")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tiercache.config import TierCacheConfig
+    from tiercache.errors import ConfigError
+    from tiercache.units import format_bytes
+
+    try:
+        geometry = model_geometry(load_model_config(args.model)).per_rank(args.tensor_parallel)
+        config = TierCacheConfig.load(args.config)
+    except (ValueError, ConfigError, json.JSONDecodeError) as exc:
+        print(f"tiercache plan: {exc}", file=sys.stderr)
+        return 2
+    tiers = config.tiers
+    rows = plan_rows(geometry, tiers.vram.bytes, tiers.dram.bytes, config.codec)
+    print(
+        f"model: {geometry.num_layers} layers, {geometry.num_kv_heads} KV heads per rank "
+        f"(tensor parallel {args.tensor_parallel}), head_dim {geometry.head_dim}"
+    )
+    print(f"tiers per rank: vram {tiers.vram}, dram {tiers.dram}  ({config.source}); * = configured codec")
+    bf16 = rows[0].bytes_per_token
+    print(f"{'format':<24} {'bytes/token':>12} {'vs bf16':>8} {'tokens in VRAM':>15} {'tokens in DRAM':>15}")
+    for row in rows:
+        print(
+            f"{row.name + (' *' if row.configured else ''):<24} {row.bytes_per_token:>12,} "
+            f"{bf16 / row.bytes_per_token:>7.2f}x {_tokens(row.tokens_vram, tiers.vram, row):>15} "
+            f"{_tokens(row.tokens_dram, tiers.dram, row):>15}"
+        )
+    for name, size in (("vram", tiers.vram), ("dram", tiers.dram)):
+        if size.tokens is not None:
+            need = size.tokens * next(r for r in rows if r.configured or r is rows[-1]).bytes_per_token
+            print(f"tiers.{name} = {size}: {format_bytes(need)} with the configured codec")
+    return 0
+
+
+def _tokens(count: int | None, size, row: PlanRow) -> str:
+    return f"{count:,}" if count is not None else f"({size.tokens:,})"
