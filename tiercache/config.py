@@ -146,12 +146,15 @@ class TierCacheConfig:
         bytes_per_token: float | None = None,
         host_bytes: int | None = None,
         device_bytes: int | None = None,
+        check_device: bool = True,
     ) -> None:
         """Fail (ConfigError, with both numbers) when a tier asks for more memory than the machine has.
 
-        Token sizes are checked only when bytes_per_token is given; device memory only when known (CUDA)."""
+        Token sizes are checked only when bytes_per_token is given; device memory only when known (CUDA) and
+        check_device (the scheduler process passes False: it must not initialize CUDA)."""
         host_bytes = host_memory_bytes() if host_bytes is None else host_bytes
-        device_bytes = device_memory_bytes() if device_bytes is None else device_bytes
+        if device_bytes is None and check_device:
+            device_bytes = device_memory_bytes()
         for key, size, have, what in (
             ("tiers.dram", self.tiers.dram, host_bytes, "host memory"),
             ("tiers.vram", self.tiers.vram, device_bytes, "GPU memory"),

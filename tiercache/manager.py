@@ -3,6 +3,7 @@
 Provides:
     TierManager(vram_blocks, dram_blocks, codec_id, policy=None, spill_watermark=1/16, clock=monotonic)
     TierManager.from_config(config, layout, codec_id, policy=None)
+    tier_capacities(config, layout) -> (vram_blocks, dram_blocks)   shared with TierWorker.from_config
 
 Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored with the codec id):
     lookup(hashes, codec_id=None) -> int         leading blocks ready in either tier (hit/miss events)
@@ -69,20 +70,13 @@ class TierManager:
 
     @classmethod
     def from_config(cls, config, layout, codec_id: str, policy: EvictionPolicy | None = None) -> TierManager:
-        """Capacities from the config's tier sizes (bytes or tokens) and the block layout."""
+        """Scheduler side: capacities from the config's tier sizes and the per-rank block layout (the same
+        numbers TierWorker.from_config allocates); the policy from config.eviction unless given."""
         from tiercache.policy import make_policy
 
-        def blocks(size, tier: str) -> int:
-            if size.tokens is not None:
-                return size.tokens // layout.block_size
-            return layout.blocks_in(size.bytes, tier)
-
-        return cls(
-            blocks(config.tiers.vram, VRAM),
-            blocks(config.tiers.dram, DRAM),
-            codec_id,
-            policy or make_policy(config.eviction),
-        )
+        config.check_memory(layout.bytes_per_token, check_device=False)
+        vram_blocks, dram_blocks = tier_capacities(config, layout)
+        return cls(vram_blocks, dram_blocks, codec_id, policy or make_policy(config.eviction))
 
     # ----------------------------------------------------------------- lookups and loads
     def lookup(self, hashes: Sequence[bytes], codec_id: str | None = None) -> int:
@@ -314,6 +308,18 @@ class TierManager:
         )  # fmt: skip
 
 
+def tier_capacities(config, layout) -> tuple[int, int]:
+    """(VRAM blocks, DRAM blocks) per rank for a config and a per-rank BlockLayout. Sizes in tokens are
+    whole blocks of block_size tokens; sizes in bytes hold floor(bytes / bytes per block) blocks."""
+
+    def blocks(size, tier: str) -> int:
+        if size.tokens is not None:
+            return size.tokens // layout.block_size
+        return layout.blocks_in(size.bytes, tier)
+
+    return blocks(config.tiers.vram, VRAM), blocks(config.tiers.dram, DRAM)
+
+
 def _unreadable(entry: BlockEntry | None, codec_id: str) -> str | None:
     if entry is None:
         return "not stored"
@@ -326,4 +332,4 @@ def _unreadable(entry: BlockEntry | None, codec_id: str) -> str | None:
     return None
 
 
-__all__ = ["SPILL", "WARM", "TierManager"]
+__all__ = ["SPILL", "WARM", "TierManager", "tier_capacities"]

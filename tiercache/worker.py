@@ -3,6 +3,7 @@
 Provides:
     TierWorker(vram, dram, max_batch_blocks=1024)
     TierWorker.create(layout, vram_blocks, dram_blocks, device, pin=None)
+    TierWorker.from_config(config, layout, device, pin=None)   capacities as TierManager.from_config
         store(tiers, slots, blocks)      write encoded blocks ([L, n, …], device) where prepare_store said
         load(tiers, slots) -> KVBlocks   read blocks from where prepare_load said (VRAM gather, DRAM DMA)
         run_jobs(jobs)                   submit spills and warms (TransferJob or their dicts)
@@ -31,6 +32,19 @@ class TierWorker:
         self.vram = vram
         self.dram = dram
         self.engine = TransferEngine(vram, dram, max_batch_blocks)
+
+    @classmethod
+    def from_config(
+        cls, config, layout: BlockLayout, device: torch.device | str = "cuda", pin: bool | None = None
+    ) -> TierWorker:
+        """Worker side: allocate this rank's pools for a config (fails at start, with both numbers, when a
+        tier asks for more memory than the machine has)."""
+        from tiercache.manager import tier_capacities
+
+        device = torch.device(device)
+        config.check_memory(layout.bytes_per_token, check_device=device.type == "cuda")
+        vram_blocks, dram_blocks = tier_capacities(config, layout)
+        return cls.create(layout, vram_blocks, dram_blocks, device, pin)
 
     @classmethod
     def create(

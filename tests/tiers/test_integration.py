@@ -8,6 +8,7 @@ import logging
 import random
 
 import msgpack
+import pytest
 import torch
 
 from tiercache.events import DRAM, VRAM
@@ -82,3 +83,17 @@ def test_manager_and_worker_agree_on_bytes():
         pool = worker.vram if entry.tier == VRAM else worker.dram
         assert pool.read([entry.slot]).equal(content([ident(block_hash)]))
     assert seen[VRAM] > 100 and seen[DRAM] > 100 and warmed > 50 and spilled > 50
+
+
+def test_from_config_both_sides_agree(tmp_path):
+    from tiercache.config import TierCacheConfig
+    from tiercache.errors import ConfigError
+
+    config = TierCacheConfig.from_dict({"codec": "tq4", "tiers": {"vram": "64 tokens", "dram": "1MiB"}})
+    manager = TierManager.from_config(config, LAYOUT, "codec")
+    worker = TierWorker.from_config(config, LAYOUT, device="cpu", pin=False)
+    assert manager.alloc[VRAM].capacity == worker.vram.num_blocks == 64 // LAYOUT.block_size
+    assert manager.alloc[DRAM].capacity == worker.dram.num_blocks == 2**20 // LAYOUT.dram_stride
+    too_big = TierCacheConfig.from_dict({"tiers": {"dram": "1000 TiB"}})
+    with pytest.raises(ConfigError, match=r"tiers.dram: .* but this machine has"):
+        TierWorker.from_config(too_big, LAYOUT, device="cpu", pin=False)
