@@ -65,6 +65,11 @@ class Mover:
     def plan_warm(self, entries: list[BlockEntry], reason: str, reserve: int = 0) -> int:
         """Warm into free VRAM, leaving `reserve` slots free (a load hit uses all; a prefetch keeps the
         watermark). The caller then restores the watermark with make_vram_room(0)."""
+        unique: dict[bytes, BlockEntry] = {}
+        for entry in entries:
+            if entry.move is None:
+                unique.setdefault(entry.block_hash, entry)
+        entries = list(unique.values())
         vram = self.m.alloc[VRAM]
         k = min(len(entries), max(vram.num_free - reserve, 0))
         if k == 0:

@@ -261,3 +261,20 @@ def test_plain_data_roundtrips_through_msgpack():
     for event in m.take_events():
         msgpack.packb(event.to_dict())
     assert isinstance(HitEvent(1, 0.0, b"x", "c", "r").to_dict()["block_hash"], bytes)
+
+
+def test_duplicate_hashes_in_one_load():
+    m = make(vram=4, dram=4, watermark=0.25)
+    store(m, [1, 2, 3])
+    m.mover.plan_spill(1)
+    (spill,) = m.take_jobs()
+    m.complete_transfer(spill.job_id)
+    cold = next(b for b, e in m.index.entries.items() if e.tier == DRAM)
+    out = m.prepare_load([cold, cold])
+    assert out.tiers == (DRAM, DRAM)
+    jobs = m.take_jobs()
+    assert sum(len(j) for j in jobs if j.kind == "warm") == 1
+    for job in jobs:
+        m.complete_transfer(job.job_id)
+    m.complete_load([cold, cold])
+    m.check()

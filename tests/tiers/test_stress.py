@@ -84,6 +84,8 @@ def run_stress(ops: int, seed: int, vram: int, dram: int, universe: int) -> Tier
         start = rng.randrange(universe)  # runs of consecutive ids, so prefixes repeat and hit
         hashes = [(start + i) % universe for i in range(rng.randint(1, 6))]
         hashes = [i.to_bytes(4, "little") for i in hashes]
+        if rng.random() < 0.05:
+            hashes.append(hashes[0])  # a block asked twice in one call
         r = rng.random()
         if r < 0.30:
             worker.store(hashes)
