@@ -36,7 +36,6 @@ from tiercache.kernels import TurboQuantCodec
 from tiercache.models import load_smollm2
 
 ATTN_NAME = "tiercache_kv_quant"
-SEED = 0
 ROTATION = "haar"
 ALL_CONFIGS = ("none", "K4V4", "K3V4", "K8V4", "K8V8", "K4V8", "fp8")
 # A fixed list, so the corpus depends only on the Python version. Docstrings first, then license texts.
@@ -116,8 +115,8 @@ def gather_tokens(tokenizer, n_tokens: int) -> tuple[torch.Tensor, str]:
 # ---------------------------------------------------------------- K/V quantizers and the attention function
 
 
-def _turboquant(bits: int, head_dim: int) -> KVFn:
-    codec = TurboQuantCodec(head_dim, bits, seed=SEED, rotation=ROTATION)
+def _turboquant(bits: int, head_dim: int, seed: int) -> KVFn:
+    codec = TurboQuantCodec(head_dim, bits, seed=seed, rotation=ROTATION)
     return lambda x: codec.decode(*codec.encode(x), dtype=x.dtype)
 
 
@@ -125,15 +124,15 @@ def _fp8(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).to(x.dtype)
 
 
-def make_config(name: str, head_dim: int) -> tuple[KVFn, KVFn]:
-    """(key fn, value fn) for a config name: none, fp8, or K<bits>V<bits>."""
+def make_config(name: str, head_dim: int, seed: int = 0) -> tuple[KVFn, KVFn]:
+    """(key fn, value fn) for a config name: none, fp8, or K<bits>V<bits> (both codecs use `seed`)."""
     if name == "none":
         return (lambda x: x), (lambda x: x)
     if name == "fp8":
         return _fp8, _fp8
     if name.startswith("K") and "V" in name:
         k_bits, v_bits = (int(b) for b in name[1:].split("V"))
-        return _turboquant(k_bits, head_dim), _turboquant(v_bits, head_dim)
+        return _turboquant(k_bits, head_dim, seed), _turboquant(v_bits, head_dim, seed)
     raise ValueError(
         f"unknown config {name!r}; valid: none, fp8, K<bits>V<bits> e.g. {', '.join(ALL_CONFIGS)}"
     )
@@ -232,7 +231,7 @@ def run(args) -> tuple[dict[str, Stats], dict]:
     register_attention()
     model, tokenizer = load_smollm2(attn_implementation="sdpa", path=args.model_dir, device=args.device)
     head_dim = model.config.head_dim
-    configs = {name: make_config(name, head_dim) for name in args.configs}
+    configs = {name: make_config(name, head_dim, args.seed) for name in args.configs}
     ids, sources = load_tokens(tokenizer, args)
     windows = ids[: len(ids) // args.window * args.window].view(-1, args.window).to(args.device)
     print(
@@ -318,11 +317,11 @@ def results_section(args, stats: dict[str, Stats], meta: dict, command: str) -> 
         f"`{command}`\n\n"
         f"{exact.tokens:,} predicted tokens in {exact.tokens // (args.window - 1)} non-overlapping "
         f"{args.window}-token windows of {meta['sources']}. Every post-RoPE key and value of all 30 layers "
-        f"is encoded and decoded (TurboQuant, rotation={ROTATION}, seed {SEED} for K and V) inside a custom "
-        "attention function, then fp32 causal attention. fp8 = per-tensor unscaled cast to float8_e4m3fn and "
-        f"back (max |K|, |V| seen: {meta['max_abs_kv']:.1f}, below e4m3's 448). Codec off reproduces the "
-        f"stock logits to max |Δ| = {meta['identity_diff']:.1e}. KL and top-1 are against the exact "
-        "model.\n\n"
+        f"is encoded and decoded (TurboQuant, rotation={ROTATION}, seed {args.seed} for K and V) inside a "
+        "custom attention function, then fp32 causal attention. fp8 = per-tensor unscaled cast to "
+        f"float8_e4m3fn and back (max |K|, |V| seen: {meta['max_abs_kv']:.1f}, below e4m3's 448). "
+        f"Codec off reproduces the stock logits to max |Δ| = {meta['identity_diff']:.1e}. "
+        "KL and top-1 are against the exact model.\n\n"
         f"{table(stats, exact)}\n"
     )
 
@@ -337,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configs", nargs="+", default=list(ALL_CONFIGS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0, help="rotation seed, the same for every K and V codec")
     parser.add_argument(
         "--model-dir", default=None, help="HF checkpoint dir (default: tiercache.models cache)"
     )
