@@ -1,1 +1,27 @@
-"""Block-relationship graph and background eviction advisor, importable as tiercache.graph."""
+"""Block-relationship graph, background eviction advisor and policy replay, importable as tiercache.graph.
+
+- `KVCacheGraph` (kvgraph.py): blocks and their five edge types, fed by the manager's notifications.
+- `GraphEvictionAdvisor`, `Snapshot` (advisor.py): background ranking, lock-free hot-path reads.
+- `EvictionDecision` (events.py): one eviction as data.
+- `ScoreWeights`, `ScoreComponents`, `SOURCES` (scoring.py): the documented score formula.
+- `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace.
+"""
+
+from tiercache.graph.advisor import GraphEvictionAdvisor, Snapshot
+from tiercache.graph.events import EvictionDecision
+from tiercache.graph.kvgraph import EDGE_TYPES, KVCacheGraph
+from tiercache.graph.replay import ReplayResult, replay
+from tiercache.graph.scoring import SOURCES, ScoreComponents, ScoreWeights
+
+__all__ = [
+    "EDGE_TYPES",
+    "SOURCES",
+    "EvictionDecision",
+    "GraphEvictionAdvisor",
+    "KVCacheGraph",
+    "ReplayResult",
+    "ScoreComponents",
+    "ScoreWeights",
+    "Snapshot",
+    "replay",
+]

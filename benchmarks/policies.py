@@ -1,0 +1,179 @@
+"""Eviction policies on realistic prefix-cache traces: graph vs LRU vs ARC, plus the advisor's scale figures.
+
+    python benchmarks/policies.py              # hit-rate table (3 trace families × 11 capacities), PNG plot
+    python benchmarks/policies.py --quick      # smaller traces
+    python benchmarks/policies.py --scale      # 250k blocks / ~1M edges: advisor cycle, hot-path read, memory
+
+Traces (block = 16 tokens; a request is its prompt's blocks in prefix order, hashed as a chain):
+- chat: a few tenants' system prompts (Zipf popularity), concurrent multi-turn sessions that grow by a user
+  message per turn (the previous answer is part of the next prompt), one-off long prompts mixed in.
+- rag: two system prompts, a document pool reused across sessions under Zipf popularity, follow-up
+  questions, one-off long prompts mixed in.
+- mixed: chat, rag and more one-off long prompts interleaved.
+Capacity is a fraction of the trace's working set (its number of distinct blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import random
+import sys
+import time
+
+from tiercache.graph import replay
+
+FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+POLICIES = ("lru", "arc", "graph")
+
+
+def _block(parent: bytes, content: str) -> bytes:
+    return hashlib.blake2b(parent + content.encode(), digest_size=16).digest()
+
+
+def _extend(chain: list, content: str, n: int, source: str) -> None:
+    parent = chain[-1][0] if chain else b""
+    for i in range(n):
+        parent = _block(parent, f"{content}/{i}")
+        chain.append((parent, source))
+
+
+def _zipf_pick(rng: random.Random, n: int, s: float) -> int:
+    weights = [1.0 / (k + 1) ** s for k in range(n)]
+    return rng.choices(range(n), weights=weights)[0]
+
+
+def _oneoff(rng: random.Random, prefix: list, tag: str) -> list:
+    req = list(prefix)
+    _extend(req, f"oneoff/{tag}", rng.randint(32, 128), "user")
+    return req
+
+
+class _Sessions:
+    """`concurrent` live sessions; a user comes back after a think time of 0.5–1.5× `concurrent` requests.
+
+    Each turn appends a user message to the session's history (the previous answer is already part of it):
+    the request is the whole history, then the answer is appended for the next turn. Turn counts are
+    heavy-tailed (Pareto): most conversations are short, a few go on for long, as in public chat logs.
+    """
+
+    user_blocks, answer_blocks, alpha, max_turns = (1, 8), (8, 40), 1.5, 40
+
+    def __init__(self, rng: random.Random, concurrent: int) -> None:
+        self.rng, self.concurrent, self.n_sessions, self.now = rng, concurrent, 0, 0.0
+        self.queue: list = []
+        for _ in range(concurrent):
+            self._schedule(self._open(), rng.uniform(0, concurrent))
+
+    def _open(self) -> list:
+        raise NotImplementedError
+
+    def _schedule(self, chain: list, delay: float) -> None:
+        self.n_sessions += 1
+        turns = min(self.max_turns, int(self.rng.paretovariate(self.alpha)))
+        heapq.heappush(self.queue, (self.now + delay, self.n_sessions, chain, turns, 0))
+
+    def next(self) -> list:
+        self.now, sid, chain, turns, turn = heapq.heappop(self.queue)
+        _extend(chain, f"{sid}/{turn}/user", self.rng.randint(*self.user_blocks), "user")
+        request = list(chain)
+        _extend(chain, f"{sid}/{turn}/assistant", self.rng.randint(*self.answer_blocks), "assistant")
+        if turn + 1 < turns:
+            think = self.rng.uniform(0.5, 1.5) * self.concurrent
+            heapq.heappush(self.queue, (self.now + think, sid, chain, turns, turn + 1))
+        else:
+            self._schedule(self._open(), self.rng.uniform(0, 0.5 * self.concurrent))
+        return request
+
+
+class _Chat(_Sessions):
+    """Multi-tenant chat: a few tenants' system prompts (Zipf popularity) under growing conversations."""
+
+    def __init__(self, rng: random.Random, tenants: int = 6, concurrent: int = 512) -> None:
+        self.system = []
+        for t in range(tenants):
+            chain: list = []
+            _extend(chain, f"system/{t}", rng.randint(16, 128), "system")
+            self.system.append(chain)
+        super().__init__(rng, concurrent)
+
+    def _open(self) -> list:
+        return list(self.system[_zipf_pick(self.rng, len(self.system), 1.0)])
+
+
+class _Rag(_Sessions):
+    """RAG: system prompt + retrieved document(s) (Zipf over a pool) + question; follow-ups in sessions."""
+
+    user_blocks, answer_blocks, alpha, max_turns = (1, 3), (2, 8), 2.0, 8
+
+    def __init__(self, rng: random.Random, docs: int = 400, concurrent: int = 128) -> None:
+        self.system = []
+        for t in range(2):
+            chain: list = []
+            _extend(chain, f"rag-system/{t}", rng.randint(8, 16), "system")
+            self.system.append(chain)
+        self.doc_len = [rng.randint(8, 32) for _ in range(docs)]
+        super().__init__(rng, concurrent)
+
+    def _open(self) -> list:
+        chain = list(self.system[self.rng.randrange(2)])
+        for _ in range(1 if self.rng.random() < 0.7 else 2):
+            d = _zipf_pick(self.rng, len(self.doc_len), 1.0)
+            _extend(chain, f"doc/{d}", self.doc_len[d], "tool")
+        return chain
+
+
+def make_trace(family: str, n_requests: int, seed: int = 0) -> list[list]:
+    """A trace of `n_requests` requests, each a list of (hash, source_label) in prefix order."""
+    rng = random.Random(seed)
+    chat, rag = _Chat(random.Random(seed + 1)), _Rag(random.Random(seed + 2))
+    oneoff_frac = {"chat": 0.1, "rag": 0.05, "mixed": 0.2}[family]
+    trace = []
+    for i in range(n_requests):
+        if rng.random() < oneoff_frac:
+            prefix = chat.system[rng.randrange(len(chat.system))] if rng.random() < 0.5 else []
+            trace.append(_oneoff(rng, prefix, str(i)))
+        elif family == "chat" or (family == "mixed" and rng.random() < 0.6):
+            trace.append(chat.next())
+        else:
+            trace.append(rag.next())
+    return trace
+
+
+def working_set(trace: list[list]) -> int:
+    return len({h for req in trace for h, _ in req})
+
+
+def run_table(families: tuple[str, ...], n_requests: int) -> dict:
+    results = {}
+    for family in families:
+        trace = make_trace(family, n_requests)
+        ws = working_set(trace)
+        for frac in FRACTIONS:
+            cap = max(1, round(frac * ws))
+            for policy in POLICIES:
+                t0 = time.perf_counter()
+                r = replay(trace, policy=policy, capacity_blocks=cap)
+                results[family, frac, policy] = r.hit_rate
+                print(
+                    f"{family:6s} {frac:5.2f} cap={cap:6d} {policy:5s} hit={r.hit_rate:.4f} "
+                    f"({time.perf_counter() - t0:.1f}s)",
+                    file=sys.stderr,
+                )
+        results[family, "ws"] = ws
+        results[family, "blocks"] = sum(len(r) for r in trace)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller traces")
+    ap.add_argument("--requests", type=int, default=None)
+    args = ap.parse_args(argv)
+    n = args.requests or (800 if args.quick else 4000)
+    run_table(("chat", "rag", "mixed"), n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""GraphEvictionAdvisor: a background thread ranks blocks; the hot path reads the ranking without a lock.
+
+Provides `GraphEvictionAdvisor` and `Snapshot`. Typical use by the tier manager::
+
+    graph = KVCacheGraph(tiers=("vram", "dram"))
+    advisor = GraphEvictionAdvisor(graph, interval_s=0.1, max_stale_s=1.0)
+    advisor.start()                                 # or `with advisor:`; advisor.stop() joins the thread
+    graph.on_store(h, parent_hash=p, request_id=r, tier="vram", token_span=(0, 16), source="system")
+    decisions = advisor.choose_victims(4, "vram")   # list[EvictionDecision]; the manager acts and records
+    advisor.suggest_eviction(4, "vram")             # just the hashes
+    advisor.suggest_prefetch(active_hashes, 8)      # blocks in slower tiers related to the active ones
+    advisor.explain(h)                              # ScoreComponents of one block, now
+
+One cycle (`refresh()`): copy the counters under the graph's lock (memcpy), then — outside the lock — score
+every block with `scoring.priority_array`, keep the leaves of each tier (no cached child in that tier or a
+faster one) and sort them, lowest priority first. The result is an immutable `Snapshot` published by one
+reference assignment. Readers take the reference and walk its tuples: no lock, no per-call scoring.
+A snapshot older than `max_stale_s` (or none yet) is not trusted: `choose_victims` falls back to LRU
+(leaves first still) and each decision says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from tiercache.graph import scoring
+from tiercache.graph.events import EvictionDecision
+from tiercache.graph.kvgraph import KVCacheGraph
+from tiercache.graph.scoring import ScoreComponents
+
+PREFETCH_EDGE_WEIGHTS = {"temporal": 2.0, "co_attend": 1.0, "semantic": 0.5, "prefix_share": 1.0}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Eviction order per tier (lowest priority first, leaves only) at `created_at` (the graph's clock)."""
+
+    created_at: float
+    version: int
+    rankings: Mapping[str, tuple[Hashable, ...]]
+    cycle_s: float
+
+
+class GraphEvictionAdvisor:
+    def __init__(
+        self,
+        graph: KVCacheGraph,
+        interval_s: float = 0.1,
+        max_stale_s: float = 1.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if interval_s <= 0 or max_stale_s <= 0:
+            raise ValueError(f"interval_s and max_stale_s must be > 0, got {interval_s}, {max_stale_s}")
+        self.graph = graph
+        self.interval_s = interval_s
+        self.max_stale_s = max_stale_s
+        self.clock = clock or graph.clock
+        self._snapshot: Snapshot | None = None
+        self._cursor: dict[str, int] = {}
+        self._cursor_version = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.cycles = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=_run, args=(weakref.ref(self), self._stop, self.interval_s), name="tiercache-advisor"
+        )
+        self._thread.daemon = True
+        weakref.finalize(self, self._stop.set)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"advisor thread did not stop within {timeout}s")
+            self._thread = None
+
+    def __enter__(self) -> GraphEvictionAdvisor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the cycle -----------------------------------------------------------------------------------
+    def refresh(self) -> Snapshot:
+        """One ranking cycle, synchronously; publishes and returns the new snapshot."""
+        t0 = time.perf_counter()
+        created = self.clock()
+        state = self.graph.export()
+        w = self.graph.weights
+        rankings = {}
+        live = state.uid != 0
+        for t, name in enumerate(self.graph.tiers):
+            leaf = live & (state.tier == t) & ~state.children[:, : t + 1].any(axis=1)
+            idx = np.flatnonzero(leaf)
+            prio = scoring.priority_array(
+                w,
+                state.tick[idx],
+                max(state.tier_sizes[t], 1),
+                state.chain_hits[idx],
+                state.requests[idx],
+                state.source[idx],
+                state.importance[idx],
+            )
+            order = idx[np.lexsort((state.last_access[idx], prio))]
+            hashes = state.hashes
+            rankings[name] = tuple([hashes[i] for i in order.tolist()])
+        version = self.cycles + 1
+        snap = Snapshot(created, version, MappingProxyType(rankings), time.perf_counter() - t0)
+        self._snapshot = snap  # the publication: one reference assignment
+        self.cycles = version
+        return snap
+
+    # --- hot path ------------------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self._snapshot
+
+    def snapshot_age(self) -> float | None:
+        snap = self._snapshot
+        return None if snap is None else self.clock() - snap.created_at
+
+    def suggest_eviction(self, n: int, tier: str) -> list[Hashable]:
+        """Up to n blocks of `tier` to evict, best first, from the published snapshot (no lock). Entries
+        that stopped being evictable since the snapshot are skipped. Empty when there is no snapshot."""
+        snap = self._snapshot
+        if snap is None:
+            return []
+        if self._cursor_version != snap.version:
+            self._cursor, self._cursor_version = {}, snap.version
+        ranking = snap.rankings.get(tier, ())
+        i = self._cursor.get(tier, 0)
+        ok = self.graph.is_evictable
+        while i < len(ranking) and not ok(ranking[i], tier):
+            i += 1
+        self._cursor[tier] = i
+        out = []
+        for h in ranking[i:]:
+            if ok(h, tier):
+                out.append(h)
+                if len(out) == n:
+                    break
+        return out
+
+    def choose_victims(
+        self, n: int, tier: str, candidates_lru_order: Iterable[Hashable] | None = None
+    ) -> list[EvictionDecision]:
+        """Decisions for up to n evictions from `tier` (to the next slower tier, or dropped from the last).
+        Uses the snapshot when it is at most `max_stale_s` old; otherwise LRU — `candidates_lru_order` if
+        given, else the graph's own LRU order — keeping only evictable blocks, and records the fallback."""
+        tiers = self.graph.tiers
+        t = self.graph.tier_index(tier)
+        tier_to = tiers[t + 1] if t + 1 < len(tiers) else None
+        age = self.snapshot_age()
+        if age is not None and age <= self.max_stale_s:
+            victims, policy = self.suggest_eviction(n, tier), "graph"
+            reason = f"lowest priority leaf in {tier} (snapshot v{self._snapshot.version})"
+        else:
+            source = self.graph.lru_order(tier) if candidates_lru_order is None else candidates_lru_order
+            victims, policy = self._lru_victims(n, tier, source), "lru-fallback"
+            why = (
+                "no snapshot yet"
+                if age is None
+                else f"snapshot {age:.3f}s old > max_stale {self.max_stale_s}s"
+            )
+            reason = f"least recently used leaf in {tier}; {why}"
+        out = []
+        for h in victims:
+            comp = self.explain(h)
+            out.append(EvictionDecision(h, tier, tier_to, policy, comp.total, comp, age, reason))
+        return out
+
+    def _lru_victims(self, n: int, tier: str, candidates: Iterable[Hashable]) -> list[Hashable]:
+        out = []
+        for h in candidates:
+            if self.graph.is_evictable(h, tier):
+                out.append(h)
+                if len(out) == n:
+                    break
+        return out
+
+    def explain(self, block_hash: Hashable) -> ScoreComponents:
+        """The score components of one block, computed from its current counters."""
+        return scoring.components(self.graph.weights, *self.graph.score_inputs(block_hash))
+
+    def suggest_prefetch(self, active_hashes: Sequence[Hashable], n: int) -> list[Hashable]:
+        """Up to n blocks outside the fastest tier linked to the active blocks, strongest links first
+        (edge counts weighted by PREFETCH_EDGE_WEIGHTS; a block's not-yet-fast parent comes first)."""
+        g, fastest = self.graph, self.graph.tiers[0]
+        active = dict.fromkeys(active_hashes)
+        score: dict[Hashable, float] = {}
+        for h in active:
+            if h not in g:
+                continue
+            parent = g.parent_of(h)
+            if parent is not None and parent not in active and g.tier_of(parent) != fastest:
+                score[parent] = score.get(parent, 0.0) + 1e9  # a hit needs the whole chain
+            for other, data in g.neighbors(h):
+                if other in active or g.tier_of(other) == fastest:
+                    continue
+                gain = sum(PREFETCH_EDGE_WEIGHTS.get(k, 0.0) * v for k, v in data.items())
+                if gain > 0:
+                    score[other] = score.get(other, 0.0) + gain
+        return sorted(score, key=lambda h: -score[h])[:n]  # stable: ties keep discovery order
+
+
+def _run(ref: weakref.ref, stop: threading.Event, interval_s: float) -> None:
+    """The thread body: holds the advisor only during a cycle, so dropping the advisor ends the thread."""
+    while not stop.is_set():
+        advisor = ref()
+        if advisor is None:
+            return
+        advisor.refresh()
+        del advisor
+        stop.wait(interval_s)
