@@ -25,7 +25,7 @@ DRAM = "dram"
 TIERS = (VRAM, DRAM)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TierEvent:
     seq: int
     time: float
@@ -43,7 +43,7 @@ class TierEvent:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoreEvent(TierEvent):
     tier: str = VRAM
     slot: int = -1
@@ -51,19 +51,19 @@ class StoreEvent(TierEvent):
     kind: ClassVar[str] = "store"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HitEvent(TierEvent):
     tier: str = VRAM
     slot: int = -1
     kind: ClassVar[str] = "hit"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MissEvent(TierEvent):
     kind: ClassVar[str] = "miss"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SpillEvent(TierEvent):
     stage: str = "planned"  # planned | done | failed
     job_id: int = -1
@@ -72,7 +72,7 @@ class SpillEvent(TierEvent):
     kind: ClassVar[str] = "spill"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WarmEvent(TierEvent):
     stage: str = "planned"  # planned | done | failed
     job_id: int = -1
@@ -81,7 +81,7 @@ class WarmEvent(TierEvent):
     kind: ClassVar[str] = "warm"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EvictionEvent(TierEvent):
     tier_from: str = VRAM
     tier_to: str | None = None  # DRAM: spilled; None: dropped
@@ -93,7 +93,7 @@ class EvictionEvent(TierEvent):
     kind: ClassVar[str] = "eviction"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DropEvent(TierEvent):
     tier: str = VRAM
     slot: int = -1

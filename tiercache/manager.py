@@ -58,6 +58,7 @@ class TierManager:
     ) -> None:
         self.codec_id = codec_id
         self.policy = policy or LRUPolicy(clock)
+        self._observes = type(self.policy).observe is not EvictionPolicy.observe
         self.clock = clock
         self.alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
         self.index = BlockIndex()
@@ -194,10 +195,11 @@ class TierManager:
     def emit(self, event_type: type[TierEvent], block_hash: bytes, reason: str, **fields) -> None:
         self._seq += 1
         event = event_type(self._seq, self.clock(), block_hash, self.codec_id, reason, **fields)
-        try:
-            self.policy.observe(event)
-        except Exception:  # a policy bug must not break the cache
-            logger.exception("tiercache: eviction policy %s failed to observe an event", self.policy.name)
+        if self._observes:
+            try:
+                self.policy.observe(event)
+            except Exception:  # a policy bug must not break the cache
+                logger.exception("tiercache: eviction policy %s failed to observe an event", self.policy.name)
         if len(self._events) >= self._max_events:
             if not self.events_dropped:
                 logger.warning("tiercache: %d events not drained; dropping new ones", len(self._events))
@@ -227,7 +229,10 @@ class TierManager:
                     chosen[block_hash] = VictimDecision(block_hash, note, policy="lru")
         return [(self.index.entries[h], d) for h, d in chosen.items()]
 
-    def evict(self, entry: BlockEntry, decision: VictimDecision, tier_to: str | None) -> None:
+    def evict(
+        self, entry: BlockEntry, decision: VictimDecision, tier_to: str | None, free_slot: bool = True
+    ) -> None:
+        """Record a victim. Dropped (tier_to None): removed, and its slot freed unless the caller batches."""
         self.emit(
             EvictionEvent, entry.block_hash, decision.reason, tier_from=entry.tier, tier_to=tier_to,
             slot=entry.slot, policy=decision.policy, score=decision.score,
@@ -235,7 +240,8 @@ class TierManager:
         )  # fmt: skip
         if tier_to is None:
             self.index.remove(entry)
-            self.alloc[entry.tier].free([entry.slot])
+            if free_slot:
+                self.alloc[entry.tier].free([entry.slot])
 
     def drop(self, entry: BlockEntry, reason: str) -> None:
         """Remove an idle block without a policy choice (failed load or transfer)."""

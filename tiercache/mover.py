@@ -45,8 +45,10 @@ class Mover:
     def dram_room(self, n: int) -> int:
         dram = self.m.alloc[DRAM]
         if dram.num_free < n:
-            for entry, decision in self.m.choose_victims(DRAM, n - dram.num_free):
-                self.m.evict(entry, decision, tier_to=None)
+            victims = self.m.choose_victims(DRAM, n - dram.num_free)
+            for entry, decision in victims:
+                self.m.evict(entry, decision, tier_to=None, free_slot=False)
+            dram.free([entry.slot for entry, _ in victims])  # one coalescing pass
         return min(n, dram.num_free)
 
     def plan_spill(self, n: int) -> int:
@@ -88,6 +90,8 @@ class Mover:
         if job_id not in self._in_flight:
             raise ValueError(f"complete_transfer: job {job_id} is not in flight")
         job, hashes = self._in_flight.pop(job_id)
+        released: list[int] = []  # source slots (all in job.src_tier), freed in one coalescing pass
+        failed: list[int] = []
         for block_hash, dst in zip(hashes, job.dst_slots, strict=True):
             entry = self.m.index.entries[block_hash]
             assert entry.move is not None and entry.move.job_id == job_id
@@ -101,13 +105,15 @@ class Mover:
                     entry.retired.append((old_tier, old_slot))
                     self.retired_slots += 1
                 else:
-                    self.m.alloc[old_tier].free([old_slot])
+                    released.append(old_slot)
                 self._emit(job, entry, "done", dst, "transfer complete", from_slot=old_slot)
             else:
-                self.m.alloc[job.dst_tier].free([dst])
+                failed.append(dst)
                 self._emit(job, entry, "failed", dst, f"transfer failed: block stays in {entry.tier}")
             if entry.bad and entry.idle:
                 self.m.drop(entry, "load failed: block will be recomputed")
+        self.m.alloc[job.src_tier].free(released)
+        self.m.alloc[job.dst_tier].free(failed)
 
     def _start(self, kind: str, entries: list[BlockEntry], dst: list[int]) -> TransferJob:
         job = TransferJob(self._next_job_id, kind, tuple(e.slot for e in entries), tuple(dst))
