@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tiercache.codecs import NORM_BYTES, KVCodecSpec
 
 DRAM_ALIGN = 64
+SECTION_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,11 @@ class BlockLayout:
 
     def sections(self) -> list[tuple[str, int, tuple[int, ...], str]]:
         """(name, byte offset in a block, per-block shape, dtype): k_packed, v_packed, k_norms, v_norms.
-        Norm sections start at 4-byte-aligned offsets (packed sections are padded to 4)."""
+        Sections start at 16-byte-aligned offsets (packed sections are padded to 16), so copies can move
+        them as 8-byte words."""
         per = (self.num_layers, self.block_size, self.num_kv_heads)
-        k_bytes = _round_up(self.vectors * self.k_packed_dim, NORM_BYTES)
-        v_bytes = _round_up(self.vectors * self.v_packed_dim, NORM_BYTES)
+        k_bytes = _round_up(self.vectors * self.k_packed_dim, SECTION_ALIGN)
+        v_bytes = _round_up(self.vectors * self.v_packed_dim, SECTION_ALIGN)
         norm_bytes = self.vectors * NORM_BYTES
         return [
             ("k_packed", 0, (*per, self.k_packed_dim), "uint8"),

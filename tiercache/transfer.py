@@ -73,6 +73,16 @@ class TransferEngine:
             for kind in (SPILL, WARM)
         }  # [max_batch, stride] uint8: device rows laid out exactly like DRAM rows
         self._streams = {kind: torch.cuda.Stream(self.device) for kind in (SPILL, WARM)} if self.cuda else {}
+        # Copy in the widest word that divides every (layer, block) piece: 8 bytes for real geometries.
+        pieces = [
+            _nbytes(shape, dtype) // vram.layout.num_layers for _, _, shape, dtype in vram.layout.sections()
+        ]
+        self._word = next(w for w in (torch.int64, torch.int32, torch.int16, torch.uint8)
+                          if all(p % w.itemsize == 0 for p in pieces))  # fmt: skip
+        self._vram_words = {  # [L, NB, words] views of the VRAM tensors
+            name: t.view(torch.uint8).reshape(t.shape[0], t.shape[1], -1).view(self._word)
+            for name, t in vram.views().items()
+        }
         self._pending: list[tuple[TransferJob, torch.cuda.Event, torch.cuda.Event]] = []
         self._done: list[TransferResult] = []
 
@@ -149,13 +159,13 @@ class TransferEngine:
             rows = staging[: len(chunk)]
             idx = self._device_index([v for _, v in chunk])
             if job.kind == SPILL:
-                for name, view in self._sections(rows).items():  # gather straight into the staging rows
-                    torch.index_select(getattr(self.vram, name), 1, idx, out=view.transpose(0, 1))
+                for name, view in self._words(rows).items():  # gather straight into the staging rows
+                    torch.index_select(self._vram_words[name], 1, idx, out=view.transpose(0, 1))
                 self._dma([d for d, _ in chunk], rows, to_dram=True)
             else:
                 self._dma([d for d, _ in chunk], rows, to_dram=False)
-                for name, view in self._sections(rows).items():
-                    getattr(self.vram, name).index_copy_(1, idx, view.transpose(0, 1))
+                for name, view in self._words(rows).items():
+                    self._vram_words[name].index_copy_(1, idx, view.transpose(0, 1))
 
     def _dma(self, dram_slots: list[int], rows: torch.Tensor, to_dram: bool) -> None:
         """Copy rows[i] ↔ DRAM block dram_slots[i] (slots ascending): one copy per run of consecutive slots,
@@ -171,6 +181,16 @@ class TransferEngine:
                 else:
                     dev.copy_(host, non_blocking=self.cuda)
                 i, start, length = i + n, start + n, length - n
+
+    def _words(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """[n, L, words] views of each section of rows laid out like DRAM rows: a (block, layer) piece is
+        contiguous, so gather and scatter move it as whole words, whatever the section's dtype."""
+        n, layers = rows.shape[0], self.vram.layout.num_layers
+        out = {}
+        for name, offset, shape, dtype in self.vram.layout.sections():
+            width = _nbytes(shape, dtype)
+            out[name] = rows[:, offset : offset + width].view(n, layers, width // layers).view(self._word)
+        return out
 
     def _sections(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Typed [n, L, BS, H, (P)] views of the sections of rows laid out like DRAM rows."""
@@ -205,6 +225,13 @@ class TransferEngine:
         return TransferResult(
             job.job_id, job.kind, error is None, n, n * self.vram.layout.block_bytes, seconds, error
         )
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = 4 if dtype == "float32" else 1
+    for s in shape:
+        n *= s
+    return n
 
 
 __all__ = ["WARM", "TransferEngine", "TransferResult"]
