@@ -6,7 +6,8 @@ Provides:
     tier_capacities(config, layout) -> (vram_blocks, dram_blocks)   shared with TierWorker.from_config
 
 Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored with the codec id):
-    lookup(hashes, codec_id=None) -> int         leading blocks ready in either tier (hit/miss events)
+    lookup(hashes, codec_id=None, record=True) -> int   leading blocks ready in either tier (hit/miss events)
+    info(hash) -> BlockInfo | None               tier, slot, stored/last-access times, hits
     prepare_load(hashes) -> PrepareLoadOutput | None   pins the blocks; plans warms of DRAM-resident ones
     complete_load(hashes, ok=True)                unpins; ok=False drops the blocks (never served again)
     touch(hashes)                                 marks recently used
@@ -39,7 +40,7 @@ from tiercache.events import DRAM, VRAM, DropEvent, EvictionEvent, HitEvent, Mis
 from tiercache.index import BlockEntry, BlockIndex
 from tiercache.jobs import SPILL, WARM, PrepareLoadOutput, PrepareStoreOutput, TransferJob
 from tiercache.mover import Mover
-from tiercache.policy import EvictionPolicy, LRUPolicy, VictimDecision
+from tiercache.policy import BlockInfo, EvictionPolicy, LRUPolicy, VictimDecision
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +81,25 @@ class TierManager:
         return cls(vram_blocks, dram_blocks, codec_id, policy or make_policy(config.eviction))
 
     # ----------------------------------------------------------------- lookups and loads
-    def lookup(self, hashes: Sequence[bytes], codec_id: str | None = None) -> int:
+    def lookup(self, hashes: Sequence[bytes], codec_id: str | None = None, record: bool = True) -> int:
+        """Number of leading blocks stored, ready and of this codec. record=False: no hit/miss events
+        (for callers that ask again about the same request every step)."""
         codec_id = codec_id or self.codec_id
         for n, block_hash in enumerate(hashes):
             entry = self.index.get(block_hash)
             reason = _unreadable(entry, codec_id)
             if reason:
-                self.emit(MissEvent, block_hash, reason)
+                if record:
+                    self.emit(MissEvent, block_hash, reason)
                 return n
-            self.emit(HitEvent, block_hash, "lookup", tier=entry.tier, slot=entry.slot)
+            if record:
+                self.emit(HitEvent, block_hash, "lookup", tier=entry.tier, slot=entry.slot)
         return len(hashes)
+
+    def info(self, block_hash: bytes) -> BlockInfo | None:
+        """Where a block is and how it has been used (None if not stored)."""
+        entry = self.index.get(block_hash)
+        return None if entry is None else entry.info()
 
     def prepare_load(self, hashes: Sequence[bytes]) -> PrepareLoadOutput | None:
         entries = [self.index.get(h) for h in hashes]

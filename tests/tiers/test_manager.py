@@ -46,8 +46,11 @@ def test_store_lookup_load_roundtrip():
     events = m.take_events()
     assert kinds(events) == ["store"] * 4 + ["hit"] * 4 + ["miss"]
     assert isinstance(events[-1], MissEvent) and events[-1].reason == "not stored"
+    assert m.lookup([h(0), h(9)], record=False) == 1 and m.take_events() == []
     load = m.prepare_load([h(0), h(1)])
     assert load.tiers == (VRAM, VRAM) and load.slots == out.slots[:2]
+    info = m.info(h(0))
+    assert info.tier == VRAM and info.slot == out.slots[0] and info.hits == 1 and m.info(h(9)) is None
     m.complete_load([h(0), h(1)])
     m.check()
 
