@@ -75,8 +75,17 @@ class FakeWorker:
                 assert self.pool[entry.tier][entry.slot] == block_hash
 
 
+@pytest.fixture(autouse=True)
+def quiet_manager():
+    """Out-of-room lines are expected here by the thousand."""
+    logger = logging.getLogger("tiercache.manager")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
 def run_stress(ops: int, seed: int, vram: int, dram: int, universe: int) -> TierManager:
-    logging.getLogger("tiercache.manager").setLevel(logging.ERROR)  # out-of-room lines are expected here
     rng = random.Random(seed)
     m = TierManager(vram, dram, "codec", spill_watermark=0.1)
     worker = FakeWorker(m, rng)
