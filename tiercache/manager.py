@@ -23,9 +23,10 @@ Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored w
 Room: new blocks go to VRAM while it has free slots, else straight to DRAM. Whenever free VRAM drops below the
 watermark (spill_watermark × VRAM blocks), cold VRAM blocks are spilled to DRAM (not dropped), so VRAM keeps
 room for the next stores and warms; a DRAM-resident block that gets a load hit is warmed back. When DRAM is
-full, its victims are dropped. A source slot is released only when the worker reports the move complete and
-no load still reads it, so jobs never race each other. Blocks with loads, stores or moves in flight are never
-victims. Not thread-safe: one scheduler thread calls it.
+full, its victims are dropped. Only when neither tier can make room (no DRAM tier, or DRAM all in flight) are
+cold VRAM blocks dropped for a store. A source slot is released only when the worker reports the move
+complete and no load still reads it, so jobs never race each other. Blocks with loads, stores or moves in
+flight are never victims. Not thread-safe: one scheduler thread calls it.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class TierManager:
             reason = _unreadable(entry, self.codec_id)
             if reason:
                 logger.info("tiercache: load refused: block %s %s", block_hash.hex()[:16], reason)
+                self.emit(MissEvent, block_hash, f"load refused: {reason}")
                 return None
         now = self.clock()
         for entry in entries:
@@ -156,6 +158,8 @@ class TierManager:
             return PrepareStoreOutput((), (), (), tuple(skipped))
         n_vram = min(len(new), self.alloc[VRAM].num_free)
         n_dram = self.mover.dram_room(len(new) - n_vram)
+        if n_vram + n_dram < len(new):  # last resort (no DRAM tier, or DRAM all in flight): drop VRAM victims
+            n_vram += self.mover.drop_vram(len(new) - n_vram - n_dram)
         take = n_vram + n_dram
         if take < len(new):
             self._log_no_room(len(new), take)

@@ -4,6 +4,7 @@ Provides:
     Mover(manager)
         make_vram_room(need)          plan spills so free VRAM + VRAM being spilled ≥ need + watermark
         dram_room(n) -> int           drop DRAM victims until n slots are free; returns how many are
+        drop_vram(n) -> int           drop cold VRAM blocks (last resort when no tier can take a spill)
         plan_spill(n) -> int          n cold VRAM blocks → DRAM (one job, DRAM slots as one run if possible)
         plan_warm(entries, reason, reserve)   DRAM-resident blocks → free VRAM (one job)
         take_jobs(), complete(job_id, ok)
@@ -50,6 +51,14 @@ class Mover:
                 self.m.evict(entry, decision, tier_to=None, free_slot=False)
             dram.free([entry.slot for entry, _ in victims])  # one coalescing pass
         return min(n, dram.num_free)
+
+    def drop_vram(self, n: int) -> int:
+        """Drop up to n cold VRAM blocks (no spill); returns how many slots were freed."""
+        victims = self.m.choose_victims(VRAM, n)
+        for entry, decision in victims:
+            self.m.evict(entry, decision, tier_to=None, free_slot=False)
+        self.m.alloc[VRAM].free([entry.slot for entry, _ in victims])
+        return len(victims)
 
     def plan_spill(self, n: int) -> int:
         victims = self.m.choose_victims(VRAM, n)

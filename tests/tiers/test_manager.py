@@ -145,10 +145,12 @@ def test_blocks_in_flight_are_never_evicted():
     m = make(vram=2, dram=0)
     store(m, [1, 2])
     m.prepare_load([h(1), h(2)])
-    assert m.prepare_store([h(3)]) is None  # everything pinned by loads, no DRAM
+    assert m.prepare_store([h(3)]) is None  # everything pinned by loads, no DRAM tier
     m.complete_load([h(1)])
-    out = m.prepare_store([h(3)])
-    assert out is None  # no DRAM tier: VRAM blocks are not dropped to make room by a store
+    out = m.prepare_store([h(3)])  # no DRAM tier: the only idle block is dropped for the store
+    assert out.tiers == (VRAM,) and m.lookup([h(1)]) == 0 and m.lookup([h(2)]) == 1
+    drops = [e for e in m.take_events() if isinstance(e, EvictionEvent)]
+    assert [(e.block_hash, e.tier_to) for e in drops] == [(h(1), None)]
     m.complete_load([h(2)])
     m.check()
 
