@@ -21,8 +21,9 @@ import heapq
 import random
 import sys
 import time
+import tracemalloc
 
-from tiercache.graph import replay
+from tiercache.graph import EDGE_TYPES, GraphEvictionAdvisor, KVCacheGraph, replay
 
 FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 POLICIES = ("lru", "arc", "graph")
@@ -166,11 +167,110 @@ def run_table(families: tuple[str, ...], n_requests: int) -> dict:
     return results
 
 
+def build_scale_graph(n_blocks: int, seed: int = 0) -> KVCacheGraph:
+    """A graph of n_blocks: conversations off 64 shared prefixes, hits, steps, sketches and spills."""
+    rng = random.Random(seed)
+    g = KVCacheGraph(tiers=("vram", "dram"))
+    roots = []
+    for r in range(64):
+        h = _block(b"", f"root/{r}")
+        g.on_store(h, None, f"sys{r}", source="system")
+        roots.append(h)
+    recent: list[bytes] = list(roots)
+    n, req = len(roots), 0
+    while n < n_blocks:
+        req += 1
+        parent = rng.choice(roots) if rng.random() < 0.5 else rng.choice(recent)
+        rid = f"r{req}"
+        g.on_hit(parent, rid)
+        step = [parent]
+        for i in range(min(rng.randint(4, 24), n_blocks - n)):
+            h = _block(parent, f"{req}/{i}")
+            g.on_store(h, parent, rid, tier="vram" if rng.random() < 0.7 else "dram", source="user")
+            parent = h
+            step.append(h)
+            n += 1
+            if rng.random() < 0.1:
+                g.on_sketch(h, rng.getrandbits(12))  # few distinct sketches: some are similar
+        for k in range(0, len(step), 3):  # decode steps over overlapping windows of the request's blocks
+            g.on_step([*step[k : k + 8], step[0]])
+            g.on_step([step[0], *step[k : k + 8 : 2]])
+        if rng.random() < 0.2:
+            h = step[-1]
+            g.on_move(h, g.tier_of(h), "dram" if g.tier_of(h) == "vram" else "vram")
+        recent.append(step[-1])
+        if len(recent) > 2000:
+            recent.pop(rng.randrange(len(recent)))
+    return g
+
+
+def run_scale(n_blocks: int) -> dict:
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    g = build_scale_graph(n_blocks)
+    build_s = time.perf_counter() - t0
+    mem, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    adv = GraphEvictionAdvisor(g)
+    cycles = [adv.refresh().cycle_s for _ in range(5)]
+    print("advisor cycles (s):", " ".join(f"{c:.3f}" for c in cycles), file=sys.stderr)
+    cycles.sort()
+    reads = []
+    for _ in range(2000):
+        t = time.perf_counter()
+        adv.suggest_eviction(4, "vram")
+        reads.append(time.perf_counter() - t)
+    decide = []
+    for _ in range(500):
+        t = time.perf_counter()
+        adv.choose_victims(4, "vram")
+        decide.append(time.perf_counter() - t)
+    reads.sort()
+    decide.sort()
+    edges = g.nx.number_of_edges()
+    kinds = {k: 0 for k in EDGE_TYPES}
+    for _, _, d in g.nx.edges(data=True):
+        for k in d:
+            kinds[k] += 1
+    return {
+        "blocks": len(g),
+        "edges": edges,
+        "edge_kinds": kinds,
+        "build_s": build_s,
+        "cycle_median_s": cycles[2],
+        "cycle_max_s": cycles[-1],
+        "read_median_us": reads[len(reads) // 2] * 1e6,
+        "read_p99_us": reads[int(len(reads) * 0.99)] * 1e6,
+        "decide_median_us": decide[len(decide) // 2] * 1e6,
+        "bytes_per_block": mem / len(g),
+        "numpy_bytes_per_block": g.table.nbytes() / len(g),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller traces")
     ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--scale", action="store_true", help="advisor cycle / hot-path read / memory per block")
+    ap.add_argument("--blocks", type=int, default=250_000, help="graph size for --scale")
     args = ap.parse_args(argv)
+    if args.scale:
+        r = run_scale(args.blocks)
+        print(
+            f"blocks {r['blocks']:,}  edges {r['edges']:,}  {r['edge_kinds']}  (built in {r['build_s']:.1f}s"
+            " under tracemalloc)"
+        )
+        print(f"advisor cycle: median {r['cycle_median_s']:.3f}s, max {r['cycle_max_s']:.3f}s (of 5)")
+        print(
+            f"hot-path read suggest_eviction(4): median {r['read_median_us']:.1f}us,"
+            f" p99 {r['read_p99_us']:.1f}us;"
+            f" choose_victims(4) median {r['decide_median_us']:.1f}us"
+        )
+        print(
+            f"memory per block: {r['bytes_per_block']:.0f} B (tracemalloc, graph + counters + edges);"
+            f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it"
+        )
+        return
     n = args.requests or (800 if args.quick else 4000)
     run_table(("chat", "rag", "mixed"), n)
 

@@ -109,6 +109,8 @@ class GraphEvictionAdvisor:
         w = self.graph.weights
         rankings = {}
         live = state.uid != 0
+        hashes = np.empty(len(state.hashes), dtype=object)
+        hashes[:] = state.hashes
         for t, name in enumerate(self.graph.tiers):
             leaf = live & (state.tier == t) & ~state.children[:, : t + 1].any(axis=1)
             idx = np.flatnonzero(leaf)
@@ -122,8 +124,7 @@ class GraphEvictionAdvisor:
                 state.importance[idx],
             )
             order = idx[np.lexsort((state.last_access[idx], prio))]
-            hashes = state.hashes
-            rankings[name] = tuple([hashes[i] for i in order.tolist()])
+            rankings[name] = tuple(hashes[order])  # no per-block Python objects: no GC pressure
         version = self.cycles + 1
         snap = Snapshot(created, version, MappingProxyType(rankings), time.perf_counter() - t0)
         self._snapshot = snap  # the publication: one reference assignment
@@ -154,9 +155,9 @@ class GraphEvictionAdvisor:
             i += 1
         self._cursor[tier] = i
         out = []
-        for h in ranking[i:]:
-            if ok(h, tier):
-                out.append(h)
+        for j in range(i, len(ranking)):  # no slicing: the ranking may hold 250k entries
+            if ok(ranking[j], tier):
+                out.append(ranking[j])
                 if len(out) == n:
                     break
         return out

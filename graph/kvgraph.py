@@ -65,6 +65,7 @@ class KVCacheGraph:
         self._lru: list[OrderedDict[Hashable, None]] = [OrderedDict() for _ in tiers]
         self._stores = [0] * len(tiers)  # per-tier store counter: the score's `tick`
         self._sketches = sketches or SketchIndex()
+        self._leaf_in: dict[Hashable, int] = {}  # block → tier it can be evicted from now, or -1
 
     # --- notifications -------------------------------------------------------------------------------
     def on_store(
@@ -104,11 +105,13 @@ class KVCacheGraph:
             )
             self._lru[t][block_hash] = None
             p = self._slot.get(parent_hash, -1) if parent_hash is not None else -1
+            self._leaf_in[block_hash] = t
             if p >= 0:
                 tb.parent[s], tb.parent_uid[s] = p, tb.uid[p]
                 tb.children[p, t] += 1
                 tb.chain_hits[s] = self._inherited(p)
                 self._bump(parent_hash, block_hash, "temporal")
+                self._update_leaf(p)
 
     def on_hit(self, block_hash: Hashable, request_id: Hashable | None = None) -> None:
         s = self._slot[block_hash]
@@ -143,7 +146,9 @@ class KVCacheGraph:
             if p >= 0:
                 tb.children[p, f] -= 1
                 tb.children[p, t] += 1
+                self._update_leaf(p)
             tb.tier[s] = t
+            self._update_leaf(s)
             del self._lru[f][block_hash]
             self._lru[t][block_hash] = None
             self._stores[t] += 1
@@ -159,6 +164,8 @@ class KVCacheGraph:
             p = tb.live_parent(s)
             if p >= 0:
                 tb.children[p, tb.tier[s]] -= 1
+                self._update_leaf(p)
+            del self._leaf_in[block_hash]
             del self._lru[tb.tier[s]][block_hash]
             del self._slot[block_hash]
             self._hashes[s] = None
@@ -188,9 +195,7 @@ class KVCacheGraph:
 
     def is_evictable(self, block_hash: Hashable, tier: str) -> bool:
         """In `tier`, with no cached child in `tier` or a faster one (leaves first)."""
-        s = self._slot.get(block_hash)
-        t = self._tier.get(tier, -1)
-        return s is not None and self.table.tier[s] == t and not self.table.children[s, : t + 1].any()
+        return self._leaf_in.get(block_hash, -1) == self._tier.get(tier, -2)
 
     def lru_order(self, tier: str) -> Iterator[Hashable]:
         """Blocks of `tier`, least recently used first."""
@@ -226,14 +231,14 @@ class KVCacheGraph:
         """(tick, horizon, chain_hits, requests, source code, importance): the arguments of
         `scoring.components` / `scoring.priority` for one block, now."""
         s, tb = self._slot[block_hash], self.table
-        horizon = max(len(self._lru[tb.tier[s]]), 1)
+        horizon = max(len(self._lru[tb.tier.item(s)]), 1)
         return (
-            float(tb.tick[s]),
+            float(tb.tick.item(s)),
             float(horizon),
-            int(tb.chain_hits[s]),
-            int(tb.requests[s]),
-            int(tb.source[s]),
-            float(tb.importance[s]),
+            tb.chain_hits.item(s),
+            tb.requests.item(s),
+            tb.source.item(s),
+            float(tb.importance.item(s)),
         )
 
     def export(self) -> TableCopy:
@@ -253,6 +258,9 @@ class KVCacheGraph:
                 expected[p][tb.tier[s]] += 1
         for s, counts in expected.items():
             assert list(tb.children[s]) == counts, (self._hashes[s], list(tb.children[s]), counts)
+            t = tb.tier[s]
+            assert self._leaf_in[self._hashes[s]] == (-1 if any(counts[: t + 1]) else t)
+        assert len(self._leaf_in) == len(self._slot)
         live = set(self._slot.values())
         assert all(tb.uid[s] == 0 and self._hashes[s] is None for s in range(tb.high) if s not in live)
         assert all(h in self._slot for h in self._sketches._sketch)
@@ -271,6 +279,12 @@ class KVCacheGraph:
         if p < 0 or tb.children[p].sum() > 1 or self.weights.is_protected(int(tb.source[p])):
             return 0
         return int(tb.chain_hits[p])
+
+    def _update_leaf(self, s: int) -> None:
+        tb = self.table
+        t = tb.tier.item(s)
+        leaf = not tb.children[s, : t + 1].any()
+        self._leaf_in[self._hashes[s]] = t if leaf else -1
 
     def _touch(self, s: int, block_hash: Hashable) -> None:
         tb, t = self.table, int(self.table.tier[s])
