@@ -2,7 +2,8 @@
 
 Provides:
     PRESETS                      name → (key bits, value bits); None bits = lossless raw bytes
-    KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors
+    KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors;
+                                 .codec_id(head_dim, dtype) without building anything
     RawCodec(head_dim, dtype)    lossless: packed = the raw bytes of `dtype`, norms = zeros
     KVCodec                      a built pair: .keys, .values, .codec_id, .k_packed_dim, .v_packed_dim
 
@@ -70,6 +71,17 @@ class KVCodecSpec:
 
     def build(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> KVCodec:
         return KVCodec(self, head_dim, dtype)
+
+    def codec_id(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str:
+        """KVCodec.codec_id without building codebooks or rotations (for the scheduler side)."""
+        from tiercache.kernels.codec import CODEC_FORMAT_VERSION
+
+        def one(bits: int | None) -> str:
+            if bits is None:
+                return f"raw1-d{head_dim}-{str(dtype).removeprefix('torch.')}"
+            return f"tq{CODEC_FORMAT_VERSION}-d{head_dim}-b{bits}-{self.rotation}-s{self.seed}"
+
+        return f"K:{one(self.key_bits)}|V:{one(self.value_bits)}"
 
 
 def _packed_dim(bits: int | None, head_dim: int, dtype_bytes: int) -> int:

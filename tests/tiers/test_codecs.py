@@ -32,6 +32,12 @@ def test_presets_shape_contract(preset):
     assert spec.name == preset
 
 
+@pytest.mark.parametrize("spec", [KVCodecSpec(4, 4), KVCodecSpec(8, 4, seed=3, rotation="hadamard"),
+                                  KVCodecSpec(None, 4), KVCodecSpec(None, None)])  # fmt: skip
+def test_spec_codec_id_matches_the_built_pair(spec):
+    assert spec.codec_id(64, torch.float16) == spec.build(64, torch.float16).codec_id
+
+
 def test_codec_ids_differ():
     ids = {KVCodecSpec.from_preset(p).build(64).codec_id for p in PRESETS}
     assert len(ids) == len(PRESETS)
