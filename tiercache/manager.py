@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from tiercache import invariants
 from tiercache.allocator import SlotAllocator
 from tiercache.events import DRAM, VRAM, DropEvent, EvictionEvent, HitEvent, MissEvent, StoreEvent, TierEvent
 from tiercache.index import BlockEntry, BlockIndex
@@ -283,37 +284,11 @@ class TierManager:
 
     def quick_check(self) -> None:
         """O(1) invariant: slots in use = stored blocks + move destinations + retired slots."""
-        used = self.alloc[VRAM].num_used + self.alloc[DRAM].num_used
-        expected = len(self.index) + self.mover.moving_blocks + self.mover.retired_slots
-        assert used == expected, f"slots in use {used} != blocks {len(self.index)} + moving + retired"
+        invariants.quick_check(self)
 
     def check(self) -> None:
         """Full invariant check, O(capacity + blocks): every used slot is owned by exactly one thing."""
-        owners: dict[tuple[str, int], bytes] = {}
-
-        def own(tier: str, slot: int, block_hash: bytes) -> None:
-            assert (tier, slot) not in owners, f"{tier} slot {slot} owned twice"
-            assert self.alloc[tier].is_used(slot), f"{tier} slot {slot} owned but free"
-            owners[tier, slot] = block_hash
-
-        retired = moving = 0
-        for block_hash, entry in self.index.entries.items():
-            own(entry.tier, entry.slot, block_hash)
-            assert entry.refs >= 0
-            assert (block_hash in self.index.order[entry.tier]) == entry.ready
-            if entry.move is not None:
-                own(entry.move.to_tier, entry.move.to_slot, block_hash)
-                moving += 1
-            for tier, slot in entry.retired:
-                own(tier, slot, block_hash)
-                retired += 1
-        assert moving == self.mover.moving_blocks and retired == self.mover.retired_slots
-        for tier, alloc in self.alloc.items():
-            alloc.check()
-            assert alloc.num_used == sum(1 for t, _ in owners if t == tier), f"{tier}: leaked slots"
-            assert len(self.index.order[tier]) == sum(
-                1 for e in self.index.entries.values() if e.tier == tier and e.ready
-            )
+        invariants.full_check(self)
 
     def _log_no_room(self, need: int, got: int) -> None:
         if not logger.isEnabledFor(logging.WARNING):
