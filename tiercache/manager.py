@@ -18,7 +18,7 @@ Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored w
     take_jobs() -> list[TransferJob]              spills and warms planned since the last call
     complete_transfer(job_id, ok=True)            the worker finished a job: blocks move (or stay, on failure)
     take_events() -> list[TierEvent]              everything that happened, with reasons
-    stats() -> dict, quick_check(), check()
+    stats() -> dict, quick_check(), check(), close()
 
 Room: new blocks go to VRAM while it has free slots, else straight to DRAM. Whenever free VRAM drops below the
 watermark (spill_watermark × VRAM blocks), cold VRAM blocks are spilled to DRAM (not dropped), so VRAM keeps
@@ -271,6 +271,10 @@ class TierManager:
             self.alloc[tier].free([slot])
         self.mover.retired_slots -= len(entry.retired)
         entry.retired.clear()
+
+    def close(self) -> None:
+        """Stop what the policy runs (the graph advisor's thread)."""
+        self.policy.close()
 
     # ----------------------------------------------------------------- introspection
     def stats(self) -> dict[str, int]:

@@ -5,8 +5,8 @@ Provides:
     Candidates                      what a policy may choose from: evictable blocks of one tier
     EvictionPolicy                  base class: choose_victims(tier, n, candidates), observe(event)
     LRUPolicy                       least recently used first
-    make_policy(eviction_config)    "lru" → LRUPolicy; "graph" → tiercache.graph's advisor when it provides
-                                    make_eviction_policy(config), else LRU with one log line
+    make_policy(eviction_config)    "lru" → LRUPolicy; "graph" → GraphPolicy over tiercache.graph's advisor
+                                    (tiercache/graph_policy.py), else LRU with one log line
 
 The seam, for the graph advisor (tiercache.graph):
     class GraphPolicy(EvictionPolicy):
@@ -14,7 +14,7 @@ The seam, for the graph advisor (tiercache.graph):
         def choose_victims(self, tier, n, candidates) -> list[VictimDecision]: ...   # hot path: read a
             # precomputed snapshot; only hashes `in candidates` are taken (others are ignored by the manager)
         def observe(self, event) -> None: ...   # every TierEvent the manager emits, in order (cheap!)
-    and in tiercache.graph: def make_eviction_policy(config: EvictionConfig) -> EvictionPolicy.
+    tiercache/graph_policy.py is that adapter for tiercache.graph.GraphEvictionAdvisor.
 The manager takes at most n valid decisions; if fewer than n come back it fills the rest LRU-first and says
 so in each filled event's reason ("… fill after graph returned k of n"). A block with a load, store or move
 in flight is never a candidate.
@@ -75,6 +75,9 @@ class EvictionPolicy:
     def observe(self, event: TierEvent) -> None:
         """Called with every event the manager emits; the default ignores them."""
 
+    def close(self) -> None:
+        """Release what the policy holds (threads); the default holds nothing."""
+
 
 class LRUPolicy(EvictionPolicy):
     name = "lru"
@@ -104,13 +107,15 @@ class LRUPolicy(EvictionPolicy):
 
 
 def make_policy(config=None) -> EvictionPolicy:
-    """The policy a config names; "graph" needs tiercache.graph.make_eviction_policy (LRU until it exists)."""
+    """The policy a config names: "lru", or "graph" (a started advisor thread: close() the policy, or the
+    manager, when done). If the graph package cannot be imported, LRU with one log line."""
     name = getattr(config, "policy", "lru")
     if name == "lru":
         return LRUPolicy()
     try:
-        from tiercache.graph import make_eviction_policy  # provided by the graph package
-    except ImportError:
-        logger.warning("tiercache: eviction.policy=graph but tiercache.graph has no advisor yet; using LRU")
+        from tiercache.graph_policy import make_graph_policy
+
+        return make_graph_policy(config)
+    except ImportError as exc:
+        logger.warning("tiercache: eviction.policy=graph unavailable (%s); using LRU", exc)
         return LRUPolicy()
-    return make_eviction_policy(config)

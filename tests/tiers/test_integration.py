@@ -94,6 +94,8 @@ def test_from_config_both_sides_agree(tmp_path):
     worker = TierWorker.from_config(config, LAYOUT, device="cpu", pin=False)
     assert manager.alloc[VRAM].capacity == worker.vram.num_blocks == 64 // LAYOUT.block_size
     assert manager.alloc[DRAM].capacity == worker.dram.num_blocks == 2**20 // LAYOUT.dram_stride
+    assert manager.policy.name == "graph"  # the default eviction policy
+    manager.close()
     too_big = TierCacheConfig.from_dict({"tiers": {"dram": "1000 TiB"}})
     with pytest.raises(ConfigError, match=r"tiers.dram: .* but this machine has"):
         TierWorker.from_config(too_big, LAYOUT, device="cpu", pin=False)

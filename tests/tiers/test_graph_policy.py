@@ -1,0 +1,102 @@
+"""The graph advisor behind the manager's eviction seam: decisions, fallback, the graph kept in step."""
+
+import logging
+import random
+
+from tiercache.config import EvictionConfig
+from tiercache.events import DRAM, VRAM, EvictionEvent
+from tiercache.graph import GraphEvictionAdvisor, KVCacheGraph
+from tiercache.graph_policy import GraphPolicy
+from tiercache.manager import TierManager
+from tiercache.policy import make_policy
+
+
+def h(i: int) -> bytes:
+    return i.to_bytes(8, "little")
+
+
+def make(vram=8, dram=8, watermark=0.0):
+    advisor = GraphEvictionAdvisor(KVCacheGraph(tiers=(VRAM, DRAM)), interval_s=60, max_stale_s=60)
+    manager = TierManager(vram, dram, "c", policy=GraphPolicy(advisor), spill_watermark=watermark)
+    return manager, advisor
+
+
+def store(m, ids):
+    out = m.prepare_store([h(i) for i in ids])
+    m.complete_store(out.block_hashes)
+
+
+def evictions(m):
+    return [e for e in m.take_events() if isinstance(e, EvictionEvent)]
+
+
+def test_decisions_come_from_the_snapshot_with_components():
+    m, advisor = make()
+    store(m, range(4))
+    advisor.refresh()
+    assert m.mover.plan_spill(2) == 2
+    first, _ = evictions(m)
+    assert first.policy == "graph" and "lowest priority" in first.reason
+    assert dict(first.components)["total"] == first.score and first.snapshot_age is not None
+    assert first.tier_from == VRAM and first.tier_to == DRAM
+
+
+def test_no_snapshot_falls_back_to_lru_and_says_so():
+    m, _ = make()
+    store(m, range(4))
+    m.mover.plan_spill(1)
+    (event,) = evictions(m)
+    assert event.policy == "lru-fallback" and "no snapshot" in event.reason
+
+
+def test_graph_follows_spills_and_drops():
+    m, advisor = make(vram=2, dram=2, watermark=0.5)
+    graph = advisor.graph
+    store(m, [1, 2])
+    for job in m.take_jobs():
+        m.complete_transfer(job.job_id)
+    spilled = [b for b, e in m.index.entries.items() if e.tier == DRAM]
+    assert spilled and all(graph.tier_of(b) == DRAM for b in spilled)
+    store(m, [3, 4, 5, 6])  # DRAM fills: victims dropped from the graph too
+    for job in m.take_jobs():
+        m.complete_transfer(job.job_id)
+    assert set(graph.nx.nodes) == set(m.index.entries)
+    for b, e in m.index.entries.items():
+        assert graph.tier_of(b) == e.tier
+    graph.check_invariants()
+
+
+def test_random_workload_with_the_graph_policy(caplog):
+    caplog.set_level(logging.ERROR)
+    rng = random.Random(3)
+    m, advisor = make(vram=16, dram=32, watermark=0.125)
+    for step in range(3000):
+        start = rng.randrange(120)
+        hashes = [h((start + i) % 120) for i in range(rng.randint(1, 5))]
+        if rng.random() < 0.5:
+            out = m.prepare_store(hashes)
+            if out is not None:
+                m.complete_store(out.block_hashes)
+        else:
+            n = m.lookup(hashes)
+            out = m.prepare_load(hashes[:n]) if n else None
+            if out is not None:
+                m.complete_load(out.block_hashes)
+        for job in m.take_jobs():
+            m.complete_transfer(job.job_id, ok=rng.random() > 0.05)
+        if step % 50 == 0:
+            advisor.refresh()
+        m.quick_check()
+    m.check()
+    advisor.graph.check_invariants()
+    assert set(advisor.graph.nx.nodes) == set(m.index.entries)
+    assert not [r for r in caplog.records if r.name.startswith("tiercache")]
+    assert {e.policy for e in m.take_events() if isinstance(e, EvictionEvent)} >= {"graph"}
+
+
+def test_make_policy_graph_runs_and_stops_the_advisor():
+    policy = make_policy(EvictionConfig(policy="graph", advisor_interval=0.01, max_stale=1.0))
+    assert isinstance(policy, GraphPolicy) and policy.advisor.running
+    manager = TierManager(4, 4, "c", policy=policy)
+    manager.close()
+    assert not policy.advisor.running
