@@ -46,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vram-blocks", type=int, default=4096)
     p.add_argument("--dram-blocks", type=int, default=4096)
     p.add_argument("--move", type=int, default=1024, help="blocks spilled then warmed")
+    p.add_argument(
+        "--staging-mib", type=int, default=64, help="device staging per direction (engine default)"
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     layout = BlockLayout(args.layers, args.block_size, args.kv_heads, packed, packed)
     vram = VramPool(layout, args.vram_blocks, device)
     dram = DramPool(layout, args.dram_blocks)
-    engine = TransferEngine(vram, dram, max_batch_blocks=args.move)
+    engine = TransferEngine(vram, dram, staging_bytes=args.staging_mib * 2**20)
     torch.manual_seed(args.seed)
     for t in vram.views().values():  # random contents, so the round-trip check means something
         t.random_(0, 256) if t.dtype == torch.uint8 else t.normal_()
@@ -151,7 +154,8 @@ def main(argv=None) -> int:
         f"d {args.head_dim}; "
         f"VRAM tier {args.vram_blocks} blocks, DRAM tier {args.dram_blocks} blocks "
         f"({'pinned' if dram.pinned else 'plain'}); moving {n} random blocks = {payload / 1e6:.1f} MB "
-        f"(K and V, packed + norms, {layout.block_bytes} B/block); median of {args.repeats}"
+        f"(K and V, packed + norms, {layout.block_bytes} B/block); device staging {args.staging_mib} MiB "
+        f"per direction ({engine.max_batch} blocks per batch); median of {args.repeats}"
     )
     print(f"byte-exact round trip VRAM → DRAM → VRAM: {'yes' if round_trip_ok else 'NO'}")
     print(f"{'direction / method':<24} {'ms':>9} {'GB/s':>8}")

@@ -1,7 +1,7 @@
 """Worker-side transfer engine: spill (VRAM → DRAM) and warm (DRAM → VRAM) of arbitrary block sets.
 
 Provides:
-    TransferEngine(vram, dram, max_batch_blocks=1024)
+    TransferEngine(vram, dram, max_batch_blocks=None, staging_bytes=64 MiB)   staging per direction
         submit(job: TransferJob)          start a spill or warm; never blocks the caller (CUDA)
         poll() -> list[TransferResult]    jobs finished since the last poll (non-blocking)
         wait() -> list[TransferResult]    block until everything submitted has finished
@@ -34,6 +34,7 @@ from tiercache.jobs import SPILL, WARM, TransferJob
 from tiercache.pools import SECTIONS, DramPool, KVBlocks, VramPool
 
 logger = logging.getLogger(__name__)
+DEFAULT_STAGING_BYTES = 64 * 2**20  # per direction, on the device
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,15 @@ class TransferResult:
 
 
 class TransferEngine:
-    def __init__(self, vram: VramPool, dram: DramPool, max_batch_blocks: int = 1024) -> None:
+    def __init__(
+        self,
+        vram: VramPool,
+        dram: DramPool,
+        max_batch_blocks: int | None = None,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+    ) -> None:
+        """Device staging per direction: max_batch_blocks rows, or as many as fit in staging_bytes; larger
+        jobs move in batches of that many blocks, in order on their stream."""
         if vram.layout != dram.layout:
             raise ValueError(f"VRAM and DRAM pools have different layouts: {vram.layout} vs {dram.layout}")
         self.vram = vram
@@ -66,6 +75,8 @@ class TransferEngine:
             logger.warning(
                 "tiercache: DRAM tier is not pinned: transfers will be slow and partly synchronous"
             )
+        if max_batch_blocks is None:
+            max_batch_blocks = staging_bytes // dram.stride
         self.max_batch = max(1, min(max_batch_blocks, max(vram.num_blocks, 1)))
         stride = dram.stride
         self._staging = {

@@ -1,7 +1,7 @@
 """Worker-side executor: runs the manager's plain-data decisions on one rank's pools.
 
 Provides:
-    TierWorker(vram, dram, max_batch_blocks=1024)
+    TierWorker(vram, dram, max_batch_blocks=None)   (None: 64 MiB of device staging per direction)
     TierWorker.create(layout, vram_blocks, dram_blocks, device, pin=None)
     TierWorker.from_config(config, layout, device, pin=None)   capacities as TierManager.from_config
         store(tiers, slots, blocks)      write encoded blocks ([L, n, …], device) where prepare_store said
@@ -28,7 +28,7 @@ from tiercache.transfer import TransferEngine, TransferResult
 
 
 class TierWorker:
-    def __init__(self, vram: VramPool, dram: DramPool, max_batch_blocks: int = 1024) -> None:
+    def __init__(self, vram: VramPool, dram: DramPool, max_batch_blocks: int | None = None) -> None:
         self.vram = vram
         self.dram = dram
         self.engine = TransferEngine(vram, dram, max_batch_blocks)
