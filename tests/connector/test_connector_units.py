@@ -1,0 +1,154 @@
+"""Connector pieces without an engine: metadata as plain msgpack data, worker-report aggregation, K/V views
+against vLLM's own CPU cache op, config resolution, registration by name, the codec round trip into views."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import torch
+
+from tiercache.codecs import KVCodecSpec
+from tiercache.connectors.codec_io import decode_blocks, encode_blocks
+from tiercache.connectors.common import load_config
+from tiercache.connectors.kv_views import cpu_block_map, kv_access
+from tiercache.connectors.metadata import TierCacheMetadata, TierCacheWorkerMeta
+from tiercache.jobs import TransferJob
+from tiercache.layout import BlockLayout
+
+H = b"\x01" * 32
+
+
+def roundtrip(data):
+    return msgpack.unpackb(msgpack.packb(data, use_bin_type=True), raw=False)
+
+
+def test_metadata_is_plain_msgpack_data():
+    meta = TierCacheMetadata(
+        7, loads=[[H, "dram", 3, 11], [H, "", -1, 12]], stores=[[b"\x02" * 32, "vram", 0, 5]],
+        jobs=[TransferJob(1, "spill", (0, 1), (8, 9)).to_dict()],
+    )  # fmt: skip
+    back = TierCacheMetadata.from_dict(roundtrip(meta.to_dict()))
+    assert back == meta
+    assert TransferJob.from_dict(back.jobs[0]) == TransferJob(1, "spill", (0, 1), (8, 9))
+    report = TierCacheWorkerMeta([[7, [True], [True, False]]], [[1, True]], ["x"])
+    assert TierCacheWorkerMeta.from_dict(roundtrip(report.to_dict())) == report
+
+
+def test_worker_reports_aggregate_across_ranks():
+    a = TierCacheWorkerMeta([[3, [True, True], [True]]], [[1, True]], [])
+    b = TierCacheWorkerMeta([[3, [True, False], [False]], [4, [], []]], [[1, True]], ["rank 1: boom"])
+    merged = a.aggregate(b)
+    assert merged.steps == [[3, [True, False], [False]], [4, [], []]]
+    assert merged.jobs == [[1, True], [1, True]]  # the scheduler counts one report per rank
+    assert merged.errors == ["rank 1: boom"]
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GEOMETRIES = [(32, 2, 64), (64, 4, 128), (32, 1, 128)]  # block_size, kv heads, head_dim
+
+
+def cpu_isa(dtype, block_size, head_dim) -> str:
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    return _get_attn_isa(dtype, block_size, head_dim)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("block_size", "heads", "head_dim"), GEOMETRIES)
+def test_cpu_access_reads_what_vllm_cache_update_wrote(dtype, block_size, heads, head_dim):
+    from vllm import _custom_ops as ops
+
+    bs, h, d = block_size, heads, head_dim
+    isa = cpu_isa(dtype, bs, d)
+    cache = torch.zeros(3, h, bs, 2 * d, dtype=dtype)
+    k_acc, v_acc = kv_access(cache, "CPU_ATTN", bs, h, d, isa)
+    gen = torch.Generator().manual_seed(0)
+    key, value = (torch.randn(2 * bs, h, d, generator=gen).to(dtype) for _ in range(2))
+    rows = cache.view(3, h, 2 * bs, d)
+    slots = torch.cat([torch.arange(2 * bs, 3 * bs), torch.arange(0, bs)])  # block 2, then block 0
+    ops.cpu_attn_reshape_and_cache(key, value, rows[:, :, :bs], rows[:, :, bs:], slots, isa)
+    ids = torch.tensor([2, 0])
+    assert torch.equal(k_acc.read(ids), key.view(2, bs, h, d))
+    assert torch.equal(v_acc.read(ids), value.view(2, bs, h, d))
+    k_acc.write(torch.tensor([1]), key[:bs].view(1, bs, h, d))  # writes land where vLLM would read them
+    v_acc.write(torch.tensor([1]), value[:bs].view(1, bs, h, d))
+    assert torch.equal(cache[1], cache[2])
+
+
+def test_cpu_block_map_is_a_permutation():
+    k_map, v_map = cpu_block_map(torch.float32, 32, 2, 64, cpu_isa(torch.float32, 32, 64))
+    cells = torch.cat([k_map.flatten(), v_map.flatten()]).sort().values
+    assert torch.equal(cells, torch.arange(2 * 32 * 2 * 64))
+
+
+@pytest.mark.parametrize("shape_kind", ["last_dim", "kv_first", "kv_second"])
+def test_gpu_layout_access(shape_kind):
+    nb, bs, h, d = 3, 16, 2, 8
+    k = torch.randn(nb, bs, h, d)
+    v = torch.randn(nb, bs, h, d)
+    if shape_kind == "last_dim":  # logical [NB, H, BS, 2D], physical NHD
+        cache, name = torch.cat([k, v], -1).transpose(1, 2), "FLASH_ATTN"
+    elif shape_kind == "kv_first":
+        cache, name = torch.stack([k, v]), "ANY"
+    else:
+        cache, name = torch.stack([k, v], 1), "ANY"
+    k_acc, v_acc = kv_access(cache, name, bs, h, d)
+    ids = torch.arange(nb)
+    assert torch.equal(k_acc.read(ids), k) and torch.equal(v_acc.read(ids), v)
+    k_acc.write(torch.tensor([1]), torch.zeros(1, bs, h, d))  # writes go through to the cache
+    assert torch.equal(kv_access(cache, name, bs, h, d)[0].read(torch.tensor([1])), torch.zeros(1, bs, h, d))
+    assert torch.equal(v_acc.read(ids), v)
+    with pytest.raises(ValueError, match="unsupported KV cache layout"):
+        kv_access(torch.zeros(nb, bs, h, 3 * d), name, bs, h, d)
+
+
+@pytest.mark.parametrize("preset", ["none", "tq4", "k8v4", "k3v4"])
+def test_encode_decode_through_the_cache(preset):
+    """encode_blocks → decode_blocks into other blocks equals codec.decode(codec.encode(x)) per side."""
+    layers, nb, bs, h, d = 2, 6, 32, 2, 64
+    spec = KVCodecSpec.from_preset(preset)
+    codec = spec.build(d, torch.float32)
+    layout = BlockLayout.from_spec(spec, layers, h, d, bs, 4)
+    isa = cpu_isa(torch.float32, bs, d)
+    gen = torch.Generator().manual_seed(0)
+    caches = [torch.randn(nb, h, bs, 2 * d, generator=gen) for _ in range(layers)]
+    access = [kv_access(c, "CPU_ATTN", bs, h, d, isa) for c in caches]
+    ks, vs = [a[0] for a in access], [a[1] for a in access]
+    blocks = encode_blocks(codec, ks, vs, [0, 2], layout)
+    decode_blocks(codec, blocks, ks, vs, [4, 5])
+    src, dst = torch.tensor([0, 2]), torch.tensor([4, 5])
+    for layer in range(layers):
+        for acc, side in ((ks[layer], codec.keys), (vs[layer], codec.values)):
+            expect = side.decode(*side.encode(acc.read(src)), torch.float32)
+            torch.testing.assert_close(acc.read(dst), expect, atol=1e-5, rtol=0)
+
+
+def test_config_file_with_inline_overrides(tmp_path, monkeypatch):
+    path = tmp_path / "tiers.yaml"
+    path.write_text("codec: tq4\ntiers: {vram: 1GiB, dram: 2GiB}\n")
+    transfer = SimpleNamespace(kv_connector_extra_config={"config": str(path), "tiers": {"dram": "512MiB"}})
+    config = load_config(SimpleNamespace(kv_transfer_config=transfer))
+    assert (
+        config.codec.name == "tq4" and config.tiers.vram.bytes == 2**30 and config.tiers.dram.bytes == 2**29
+    )
+    monkeypatch.setenv("TIERCACHE_CONFIG", str(path))
+    transfer.kv_connector_extra_config = {"codec": "none"}
+    config = load_config(SimpleNamespace(kv_transfer_config=transfer))
+    assert config.codec.name == "none" and config.tiers.vram.bytes == 2**30
+
+
+def test_registered_by_name_through_the_plugin_entry_point():
+    pytest.importorskip("vllm")
+    from importlib.metadata import entry_points
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "tiercache"]
+    register = ep.load()
+    register()
+    register()  # idempotent: vLLM loads general plugins in every process
+    cls = KVConnectorFactory.get_connector_class_by_name("TierCacheConnector")
+    assert cls.__module__ == "tiercache.connectors.vllm"

