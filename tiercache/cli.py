@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "codec-report": ("tiercache.codec_report", "TurboQuant error, compression and CPU speed per bit width"),
     "plan": ("tiercache.planner", "bytes per token and tokens per tier for bf16, fp8 and TurboQuant presets"),
+    "inspect": ("tiercache.inspect.cli", "tier occupancy, hit rates and the latest eviction decisions, live"),
 }
 
 

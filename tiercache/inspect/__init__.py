@@ -1,0 +1,62 @@
+"""Inspection: what the tier cache is doing and why, from Python or the shell, while vLLM runs.
+
+Provides:
+    connect(path=None, *, in_process=None, state=None, timeout=5.0) -> InspectClient   (client.py)
+        .stats() -> Stats   .tiers() -> tuple[TierStats]   .decisions(limit=50) -> tuple[Decision]
+        .explain(block_hash) -> Explanation   .blocks(tier=None, limit=100) -> tuple[BlockRecord]
+    InspectionState      counters + recent decisions, published as immutable snapshots      (state.py)
+    InspectionService    a daemon thread serving a state on a Unix socket, mode 0600         (server.py)
+    Stats, TierStats, TTFTStats, Decision, BlockRecord, Explanation   typed frozen results  (results.py)
+    InspectError         every client-side failure, with what to do                         (protocol.py)
+    `tiercache inspect`  the CLI (cli.py); the wire format is in protocol.py
+
+Wiring (scheduler side of the connector; all calls on the scheduler thread)::
+
+    from tiercache.inspect import InspectionService, InspectionState
+
+    state = InspectionState()                                        # once, next to the TierManager
+    service = InspectionService.start(config.inspect, state)         # None when inspect.socket is "off"
+    ...
+    events = manager.take_events()                                   # every step (the connector drains)
+    state.record(events)                                             # cheap: counters + a bounded ring
+    state.publish(manager)                                           # every step; rate-limits itself to
+                                                                     # one snapshot per 100 ms
+    state.record_tokens(loaded=n_hit_tokens, recomputed=n_new)      # optional, per request
+    state.record_ttft(seconds, hit=n_hit_tokens > 0)                 # optional, per request
+    ...
+    state.publish(manager, force=True)                               # optional: after the last step
+    if service is not None:
+        service.close()                                              # at shutdown: thread, socket, pointer
+
+`InspectionService.start` raises InspectError (naming the fix) when the socket cannot be created (path too
+long, directory missing, in use by a live process). With inspect.socket "auto" the socket is
+$XDG_RUNTIME_DIR/tiercache/tiercache-<pid>.sock or /tmp/tiercache-$UID/tiercache-<pid>.sock, and that
+directory's `latest` file names it; `connect()` and `tiercache inspect` find it there.
+
+Threads: the server thread reads only published snapshots (immutable), except `explain`, which point-reads
+one index entry and one block of the graph (under the graph's lock, with a 50 ms timeout). It never blocks
+the scheduler. In one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state
+directly: same methods, same types; called from the scheduler's own thread it publishes first, so nothing
+recorded is missed.
+"""
+
+from tiercache.inspect.client import InspectClient, connect
+from tiercache.inspect.protocol import InspectError
+from tiercache.inspect.results import BlockRecord, Decision, Explanation, Stats, TierStats, TTFTStats
+from tiercache.inspect.server import InspectionService
+from tiercache.inspect.state import InspectionState, Snapshot
+
+__all__ = [
+    "BlockRecord",
+    "Decision",
+    "Explanation",
+    "InspectClient",
+    "InspectError",
+    "InspectionService",
+    "InspectionState",
+    "Snapshot",
+    "Stats",
+    "TTFTStats",
+    "TierStats",
+    "connect",
+]

@@ -1,0 +1,194 @@
+"""Typed, frozen answers of the inspection client (built from the service's plain-data replies).
+
+Provides:
+    TierStats      one tier: capacity, used/free slots, stored blocks, occupancy, hits, evictions, bytes
+    TTFTStats      time-to-first-token summary: count, mean_s, p50_s, p90_s
+    Stats          the whole cache: policy, codec, hit rates, moves, evictions, tokens, TTFT, tiers
+    Decision       one eviction / drop / warm / failed move, with reason, policy, score and components
+    BlockRecord    one stored block: tier, slot, hits, ages, in-flight state
+    Explanation    explain(): the block now, its score components, recent decisions about it, a summary
+Unknown keys in a reply are ignored (a newer server stays readable by an older client).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+
+def _build(cls, data: Mapping[str, Any], **override):
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    kwargs.update(override)
+    return cls(**kwargs)
+
+
+def _frozen_map(value: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class TierStats:
+    name: str
+    capacity_blocks: int
+    used_slots: int  # stored blocks plus slots reserved by stores and moves in flight
+    free_slots: int
+    stored_blocks: int  # ready blocks in this tier
+    occupancy: float  # used_slots / capacity_blocks
+    hits: int = 0  # lookup hits served from this tier
+    evictions: int = 0  # victims taken from this tier (spilled or dropped)
+    capacity_bytes: int | None = None
+    used_bytes: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TierStats:
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class TTFTStats:
+    count: int
+    mean_s: float
+    p50_s: float
+    p90_s: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> TTFTStats | None:
+        return None if data is None else _build(cls, data)
+
+
+@dataclass(frozen=True)
+class Stats:
+    pid: int
+    policy: str
+    codec_id: str
+    blocks: int
+    hits: int  # block hits at lookup (a lookup stops at its first miss)
+    hits_by_tier: Mapping[str, int]
+    misses: int
+    hit_rate: float | None  # hits / (hits + misses)
+    stores: int
+    store_failures: int
+    spills: int
+    spill_failures: int
+    warms: int
+    warm_failures: int
+    evictions: int  # victims the policy chose: spilled to the next tier, or dropped from the last
+    evictions_by_policy: Mapping[str, int]
+    drops: int  # blocks removed without a policy choice (a failed load, store or transfer)
+    tokens_loaded: int
+    tokens_recomputed: int
+    token_hit_rate: float | None  # loaded / (loaded + recomputed), when the connector reports tokens
+    ttft_hit: TTFTStats | None
+    ttft_miss: TTFTStats | None
+    tiers: tuple[TierStats, ...]
+    evictions_dropped: int = 0  # evictions that left the tiers (the rest were spilled)
+    jobs_in_flight: int = 0
+    spilling: int = 0
+    events: int = 0
+    events_dropped: int = 0
+    version: int = 0  # snapshot version
+    snapshot_age_s: float = 0.0
+    uptime_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Stats:
+        ttft = data.get("ttft") or {}
+        return _build(
+            cls,
+            data,
+            hits_by_tier=_frozen_map(data.get("hits_by_tier")),
+            evictions_by_policy=_frozen_map(data.get("evictions_by_policy")),
+            ttft_hit=TTFTStats.from_dict(ttft.get("hit")),
+            ttft_miss=TTFTStats.from_dict(ttft.get("miss")),
+            tiers=tuple(TierStats.from_dict(t) for t in data.get("tiers", ())),
+        )
+
+    def tier(self, name: str) -> TierStats:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier {name!r}; tiers: {', '.join(t.name for t in self.tiers)}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    seq: int
+    kind: str  # eviction | drop | warm | spill
+    block_hash: bytes
+    reason: str
+    age_s: float  # seconds ago
+    tier_from: str
+    tier_to: str | None  # None: dropped
+    slot: int
+    policy: str | None = None  # evictions: the policy actually used (graph, lru, lru-fallback)
+    score: float | None = None
+    components: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    snapshot_age_s: float | None = None  # the advisor snapshot's age when the decision was taken
+    stage: str | None = None  # warm/spill: planned | failed
+    job_id: int | None = None
+    codec_id: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        return _build(cls, data, components=_frozen_map(data.get("components")))
+
+    @property
+    def action(self) -> str:
+        """e.g. "spill vram→dram", "drop dram", "warm dram→vram", "spill failed"."""
+        if self.stage == "failed":
+            return f"{self.kind} failed"
+        if self.tier_to is None:
+            return f"drop {self.tier_from}"
+        verb = "spill" if self.kind == "eviction" else self.kind
+        return f"{verb} {self.tier_from}→{self.tier_to}"
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    block_hash: bytes
+    tier: str
+    slot: int
+    hits: int
+    stored_age_s: float
+    idle_s: float
+    ready: bool
+    loads_in_flight: int
+    moving: bool
+    evictable: bool
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BlockRecord:
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    block_hash: bytes
+    stored: bool
+    block: BlockRecord | None
+    policy: str
+    score: float | None
+    components: Mapping[str, float]
+    graph: Mapping[str, Any] | None  # the graph's view (tier, parent, children, counters) when it has one
+    decisions: tuple[Decision, ...]  # about this block, newest first
+    summary: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Explanation:
+        block = data.get("block")
+        graph = data.get("graph")
+        return _build(
+            cls,
+            data,
+            block=None if block is None else BlockRecord.from_dict(block),
+            components=_frozen_map(data.get("components")),
+            graph=None if graph is None else _frozen_map(graph),
+            decisions=tuple(Decision.from_dict(d) for d in data.get("decisions", ())),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.block_hash.hex()[:16]}: {self.summary}"

@@ -1,0 +1,223 @@
+"""What the inspection service serves: counters and recent decisions fed by the scheduler thread, published
+as immutable snapshots that the server thread reads without locks.
+
+Provides:
+    InspectionState(max_decisions=1000, max_blocks=512, max_ttft=10_000, bytes_per_block=None)
+        record(events)                      scheduler thread, every step: counters + recent decisions (cheap:
+                                            a few dict increments per event; decisions are kept as the
+                                            frozen events themselves, converted only when someone asks)
+        record_tokens(loaded, recomputed)   tokens served from the tiers vs computed by vLLM (optional)
+        record_ttft(seconds, hit)           one time-to-first-token sample, with or without a cache hit
+        close()                             leave the in-process registry (optional; a dropped state leaves)
+        publish(manager, force=False) -> bool   builds a Snapshot and swaps it in by one reference
+                                            assignment, at most every min_interval seconds (0.1) unless force
+        snapshot                            the latest Snapshot (None before the first publish)
+        manager                             the manager last published (for point reads: explain)
+    Snapshot                                frozen; plain data only, never mutated after publication
+    DECISION_KINDS                          event kinds kept as decisions
+    live_states() -> list[InspectionState]  this process's live states, newest first (the in-process client)
+
+Decisions kept: every EvictionEvent and DropEvent, WarmEvents when planned (a load hit or prefetch) or failed,
+SpillEvents when failed (a planned spill is already described by its EvictionEvent; completions are counted,
+not kept).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tiercache.events import TIERS, TierEvent
+
+DECISION_KINDS = ("eviction", "drop", "warm", "spill")
+_KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
+_LIVE: list[weakref.ref] = []
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    wall_time: float  # time.time() at publication
+    clock_time: float  # the manager's clock at publication (events carry times on this clock)
+    pid: int
+    started_wall: float
+    policy: str
+    codec_id: str
+    manager_stats: Mapping[str, int]
+    counters: Mapping[str, int]
+    tiers: tuple[Mapping[str, Any], ...]
+    decisions: tuple[TierEvent, ...]  # oldest first
+    blocks: Mapping[str, tuple[Mapping[str, Any], ...]]  # per tier, most recently used first
+    ttft: Mapping[str, Mapping[str, float] | None]  # "hit" / "miss" → count, mean_s, p50_s, p90_s
+
+    def age_of(self, clock_time: float) -> float:
+        """Seconds between a time on the manager's clock and now (wall)."""
+        return (self.clock_time - clock_time) + (time.time() - self.wall_time)
+
+
+class InspectionState:
+    def __init__(
+        self,
+        max_decisions: int = 1000,
+        max_blocks: int = 512,
+        max_ttft: int = 10_000,
+        bytes_per_block: Mapping[str, int] | None = None,
+        min_interval: float = 0.1,
+    ) -> None:
+        if max_decisions < 1 or max_blocks < 0 or max_ttft < 1:
+            raise ValueError(
+                f"InspectionState: max_decisions and max_ttft must be ≥ 1 and max_blocks ≥ 0, got "
+                f"{max_decisions}, {max_ttft}, {max_blocks}"
+            )
+        self.max_blocks = max_blocks
+        self.min_interval = min_interval
+        self.bytes_per_block = dict(bytes_per_block or {})
+        self.counters: Counter[str] = Counter()
+        self.decisions: deque[TierEvent] = deque(maxlen=max_decisions)
+        self.ttft: dict[bool, deque[float]] = {True: deque(maxlen=max_ttft), False: deque(maxlen=max_ttft)}
+        self.snapshot: Snapshot | None = None
+        self.manager = None
+        self.owner_thread: int | None = None  # the thread that records (the scheduler's)
+        self.started_wall = time.time()
+        self._published_at = -float("inf")
+        self._ttft_summary: dict[str, Any] = {"hit": None, "miss": None}
+        self._ttft_dirty = False
+        with _LIVE_LOCK:
+            _LIVE[:] = [r for r in _LIVE if r() is not None]
+            _LIVE.append(weakref.ref(self))
+
+    def close(self) -> None:
+        """Leave this process's registry of live states (connect() stops finding it in-process)."""
+        with _LIVE_LOCK:
+            _LIVE[:] = [r for r in _LIVE if r() not in (None, self)]
+
+    # ----------------------------------------------------------------- scheduler thread
+    def record(self, events: Iterable[TierEvent]) -> None:
+        c, keep = self.counters, self.decisions.append
+        self.owner_thread = threading.get_ident()
+        for e in events:
+            kind = e.kind
+            c["events"] += 1
+            if kind == "hit":
+                c["hits_" + e.tier] += 1
+            elif kind == "miss":
+                c["misses"] += 1
+            elif kind == "store":
+                c["stores" if e.stored else "store_failures"] += 1
+            elif kind == "eviction":
+                c["evictions"] += 1
+                c["evictions_by_" + e.policy] += 1
+                c["evictions_from_" + e.tier_from] += 1
+                if e.tier_to is None:
+                    c["evictions_dropped"] += 1
+                keep(e)
+            elif kind == "drop":
+                c["drops"] += 1
+                keep(e)
+            elif kind == "spill" or kind == "warm":
+                c[f"{kind}s_{e.stage}"] += 1
+                if e.stage in _KEEP_STAGES[kind]:
+                    keep(e)
+
+    def record_tokens(self, loaded: int = 0, recomputed: int = 0) -> None:
+        self.counters["tokens_loaded"] += loaded
+        self.counters["tokens_recomputed"] += recomputed
+
+    def record_ttft(self, seconds: float, hit: bool) -> None:
+        self.ttft[bool(hit)].append(float(seconds))
+        self._ttft_dirty = True
+
+    def publish(self, manager, force: bool = False) -> bool:
+        """Build and publish a snapshot of `manager` and the recorded counters; returns False (doing
+        nothing) when the last one is younger than min_interval and not force."""
+        now = time.monotonic()
+        if not force and now - self._published_at < self.min_interval:
+            return False
+        self._published_at = now
+        self.manager = manager
+        if self._ttft_dirty:
+            self._ttft_summary = {"hit": _summary(self.ttft[True]), "miss": _summary(self.ttft[False])}
+            self._ttft_dirty = False
+        previous = self.snapshot
+        self.snapshot = Snapshot(
+            version=(previous.version + 1) if previous else 1,
+            wall_time=time.time(),
+            clock_time=manager.clock(),
+            pid=os.getpid(),
+            started_wall=self.started_wall,
+            policy=str(getattr(manager.policy, "name", type(manager.policy).__name__)),
+            codec_id=str(manager.codec_id),
+            manager_stats={**manager.stats(), "events_dropped": manager.events_dropped},
+            counters=dict(self.counters),
+            tiers=tuple(self._tier(manager, tier) for tier in TIERS),
+            decisions=tuple(self.decisions),
+            blocks={tier: self._blocks(manager, tier) for tier in TIERS},
+            ttft=dict(self._ttft_summary),
+        )
+        return True
+
+    def _tier(self, manager, tier: str) -> dict[str, Any]:
+        alloc = manager.alloc[tier]
+        out = {
+            "name": tier,
+            "capacity_blocks": alloc.capacity,
+            "used_slots": alloc.num_used,
+            "free_slots": alloc.num_free,
+            "stored_blocks": len(manager.index.order[tier]),
+        }
+        per_block = self.bytes_per_block.get(tier)
+        if per_block:
+            out["capacity_bytes"] = alloc.capacity * per_block
+            out["used_bytes"] = alloc.num_used * per_block
+        return out
+
+    def _blocks(self, manager, tier: str) -> tuple[dict[str, Any], ...]:
+        out = []
+        entries = manager.index.entries
+        for block_hash in reversed(manager.index.order[tier]):
+            if len(out) >= self.max_blocks:
+                break
+            out.append(block_record(entries[block_hash]))
+        return tuple(out)
+
+
+def block_record(entry) -> dict[str, Any]:
+    """A BlockEntry as plain data (times on the manager's clock)."""
+    return {
+        "block_hash": entry.block_hash,
+        "tier": entry.tier,
+        "slot": entry.slot,
+        "hits": entry.hits,
+        "stored_at": entry.stored_at,
+        "last_access": entry.last_access,
+        "ready": entry.ready,
+        "loads_in_flight": entry.refs,
+        "moving": entry.move is not None,
+        "evictable": entry.evictable,
+    }
+
+
+def live_states() -> list[InspectionState]:
+    with _LIVE_LOCK:
+        states = [r() for r in _LIVE]
+    return [s for s in reversed(states) if s is not None]
+
+
+def _summary(samples: deque[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    n = len(ordered)
+    return {
+        "count": n,
+        "mean_s": sum(ordered) / n,
+        "p50_s": ordered[(n - 1) // 2],
+        "p90_s": ordered[min(n - 1, int(0.9 * n))],
+    }
