@@ -18,12 +18,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import heapq
+import itertools
+import json
+import math
 import random
+import struct
 import sys
 import time
 import tracemalloc
+import zlib
+from pathlib import Path
 
-from tiercache.graph import EDGE_TYPES, GraphEvictionAdvisor, KVCacheGraph, replay
+from tiercache.graph import EDGE_TYPES, GraphEvictionAdvisor, KVCacheGraph, ScoreWeights, replay
 
 FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 POLICIES = ("lru", "arc", "graph")
@@ -59,7 +65,7 @@ class _Sessions:
     heavy-tailed (Pareto): most conversations are short, a few go on for long, as in public chat logs.
     """
 
-    user_blocks, answer_blocks, alpha, max_turns = (1, 8), (8, 40), 1.5, 40
+    user_blocks, answer_blocks, alpha, max_turns = (1, 8), (8, 40), 1.2, 40
 
     def __init__(self, rng: random.Random, concurrent: int) -> None:
         self.rng, self.concurrent, self.n_sessions, self.now = rng, concurrent, 0, 0.0
@@ -95,7 +101,7 @@ class _Chat(_Sessions):
         self.system = []
         for t in range(tenants):
             chain: list = []
-            _extend(chain, f"system/{t}", rng.randint(16, 128), "system")
+            _extend(chain, f"system/{t}", rng.randint(8, 32), "system")
             self.system.append(chain)
         super().__init__(rng, concurrent)
 
@@ -146,25 +152,125 @@ def working_set(trace: list[list]) -> int:
     return len({h for req in trace for h, _ in req})
 
 
-def run_table(families: tuple[str, ...], n_requests: int) -> dict:
+def belady(trace: list[list], capacity: int) -> float:
+    """Offline bound under the same protocol: evict the block whose next request is farthest (Belady)."""
+    never = len(trace)
+    nexts, last = [None] * len(trace), {}
+    for i in range(len(trace) - 1, -1, -1):
+        blocks = [h for h, _ in trace[i][:capacity]]
+        nexts[i] = [last.get(b, never) for b in blocks]
+        for b in blocks:
+            last[b] = i
+    cached, heap, hit, total = {}, [], 0, 0
+    for i, req in enumerate(trace):
+        blocks = [h for h, _ in req[:capacity]]
+        n = 0
+        while n < len(blocks) and blocks[n] in cached:
+            n += 1
+        hit, total = hit + n, total + len(req)
+        pinned = set(blocks)
+        for j, b in enumerate(blocks):
+            if b not in cached:
+                while len(cached) >= capacity:
+                    skipped = []
+                    while True:
+                        item = heapq.heappop(heap)
+                        if cached.get(item[2]) != -item[0]:
+                            continue
+                        if item[2] in pinned:
+                            skipped.append(item)
+                            continue
+                        break
+                    for it in skipped:
+                        heapq.heappush(heap, it)
+                    del cached[item[2]]
+            cached[b] = nexts[i][j]
+            heapq.heappush(heap, (-nexts[i][j], -j, b))  # ties: the deeper block first
+    return hit / total
+
+
+def run_table(families: tuple[str, ...], n_requests: int, weights: ScoreWeights | None) -> dict:
     results = {}
     for family in families:
         trace = make_trace(family, n_requests)
         ws = working_set(trace)
+        results[family, "ws"] = ws
         for frac in FRACTIONS:
             cap = max(1, round(frac * ws))
+            t0 = time.perf_counter()
             for policy in POLICIES:
-                t0 = time.perf_counter()
-                r = replay(trace, policy=policy, capacity_blocks=cap)
+                r = replay(trace, policy=policy, capacity_blocks=cap, weights=weights)
                 results[family, frac, policy] = r.hit_rate
-                print(
-                    f"{family:6s} {frac:5.2f} cap={cap:6d} {policy:5s} hit={r.hit_rate:.4f} "
-                    f"({time.perf_counter() - t0:.1f}s)",
-                    file=sys.stderr,
-                )
-        results[family, "ws"] = ws
-        results[family, "blocks"] = sum(len(r) for r in trace)
+            results[family, frac, "opt"] = belady(trace, cap)
+            row = " ".join(f"{p}={results[family, frac, p]:.4f}" for p in (*POLICIES, "opt"))
+            print(
+                f"{family:6s} {frac:4.2f} cap={cap:6d} {row} ({time.perf_counter() - t0:.1f}s)",
+                file=sys.stderr,
+            )
     return results
+
+
+def print_table(results: dict, families: tuple[str, ...]) -> list[str]:
+    lines = [
+        "| trace (working set) | capacity | LRU | ARC | graph | graph vs best of LRU/ARC | offline bound |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for family in families:
+        for frac in FRACTIONS:
+            lru, arc, graph, opt = (results[family, frac, p] for p in (*POLICIES, "opt"))
+            best = max(lru, arc)
+            rel = f"{(graph / best - 1) * 100:+.1f} %" if best else "n/a"
+            name = f"{family} ({results[family, 'ws']:,} blocks)"
+            lines.append(f"| {name} | {frac:.0%} | {lru:.4f} | {arc:.4f} | {graph:.4f} | {rel} | {opt:.4f} |")
+    print("\n".join(lines))
+    return lines
+
+
+def save_png(results: dict, families: tuple[str, ...], path: Path) -> None:
+    """Hit rate vs capacity, one panel per trace family (a tiny PNG writer: no plotting library here)."""
+    pw, h, m = 320, 260, 30
+    img = [[(255, 255, 255)] * (pw * len(families)) for _ in range(h)]
+    colors = {"lru": (200, 40, 40), "arc": (40, 140, 40), "graph": (30, 60, 220), "opt": (150, 150, 150)}
+
+    def dot(x: int, y: int, c: tuple) -> None:
+        for dx in (0, 1):
+            for dy in (0, 1):
+                if 0 <= y + dy < h and 0 <= x + dx < len(img[0]):
+                    img[y + dy][x + dx] = c
+
+    for k, family in enumerate(families):
+        x0, top = k * pw + m, m // 2
+        vals = [results[family, f, p] for f in FRACTIONS for p in colors]
+        lo, hi = math.floor(min(vals) * 10) / 10, math.ceil(max(vals) * 10) / 10  # y axis: lo..hi
+        for i in range(pw - 2 * m):  # axes: capacity 0..100 % right, hit rate lo..hi up
+            dot(x0 + i, h - m, (0, 0, 0))
+        for i in range(h - m - top):
+            dot(x0, top + i, (0, 0, 0))
+        for policy, c in colors.items():
+            pts = [
+                (
+                    x0 + int(f * (pw - 2 * m)),
+                    h - m - int((results[family, f, policy] - lo) / (hi - lo) * (h - m - top)),
+                )
+                for f in FRACTIONS
+            ]
+            for (xa, ya), (xb, yb) in itertools.pairwise(pts):
+                steps = max(abs(xb - xa), abs(yb - ya), 1)
+                for t in range(steps + 1):
+                    dot(xa + (xb - xa) * t // steps, ya + (yb - ya) * t // steps, c)
+    raw = b"".join(b"\x00" + bytes(v for px in row for v in px) for row in img)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    ihdr = struct.pack(">IIBBBBB", len(img[0]), h, 8, 2, 0, 0, 0)
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+    path.write_bytes(png)
 
 
 def build_scale_graph(n_blocks: int, seed: int = 0) -> KVCacheGraph:
@@ -253,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--scale", action="store_true", help="advisor cycle / hot-path read / memory per block")
     ap.add_argument("--blocks", type=int, default=250_000, help="graph size for --scale")
+    ap.add_argument("--weights", default=None, help="ScoreWeights as JSON, e.g. '{\"hits\": 2}'")
     args = ap.parse_args(argv)
     if args.scale:
         r = run_scale(args.blocks)
@@ -271,8 +378,14 @@ def main(argv: list[str] | None = None) -> None:
             f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it"
         )
         return
-    n = args.requests or (800 if args.quick else 4000)
-    run_table(("chat", "rag", "mixed"), n)
+    n = args.requests or (600 if args.quick else 3000)
+    weights = ScoreWeights(**json.loads(args.weights)) if args.weights else None
+    families = ("chat", "rag", "mixed")
+    results = run_table(families, n, weights)
+    out = Path(__file__).with_suffix(".png")
+    save_png(results, families, out)
+    print(f"\n{n} requests per trace; plot (red LRU, green ARC, blue graph, grey offline bound): {out}\n")
+    print_table(results, families)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ class KVCacheGraph:
             if p >= 0:
                 tb.parent[s], tb.parent_uid[s] = p, tb.uid[p]
                 tb.children[p, t] += 1
+                tb.branches[p] += 1
                 tb.chain_hits[s] = self._inherited(p)
                 self._bump(parent_hash, block_hash, "temporal")
                 self._update_leaf(p)
@@ -123,7 +124,9 @@ class KVCacheGraph:
             tb.last_request[s] = rid
             tb.requests[s] += new_request
             p = tb.live_parent(s)
-            tb.chain_hits[s] = max(int(tb.chain_hits[s]), int(tb.hits[s]), self._inherited(p))
+            if p >= 0 and tb.hits[s] == 1:
+                tb.branches_hit[p] += 1
+            tb.chain_hits[s] = max(float(tb.chain_hits[s]), float(tb.hits[s]), self._inherited(p))
             self._touch(s, block_hash)
             if new_request and p >= 0 and tb.requests[s] >= 2:
                 self._set(self._hashes[p], block_hash, "prefix_share", int(tb.requests[s]))
@@ -213,7 +216,7 @@ class KVCacheGraph:
             tier=self.tiers[tb.tier[s]],
             parent=self.parent_of(block_hash),
             children={name: int(tb.children[s, i]) for i, name in enumerate(self.tiers)},
-            **{k: getattr(tb, k)[s].item() for k in ("hits", "requests", "chain_hits", "tick")},
+            **{k: getattr(tb, k)[s].item() for k in ("hits", "requests", "chain_hits", "tick", "branches")},
             **{k: getattr(tb, k)[s].item() for k in ("last_access", "importance")},
         )
         return out
@@ -227,7 +230,7 @@ class KVCacheGraph:
             if other != block_hash:
                 yield other, data
 
-    def score_inputs(self, block_hash: Hashable) -> tuple[float, float, int, int, int, float]:
+    def score_inputs(self, block_hash: Hashable) -> tuple[float, float, float, int, int, float]:
         """(tick, horizon, chain_hits, requests, source code, importance): the arguments of
         `scoring.components` / `scoring.priority` for one block, now."""
         s, tb = self._slot[block_hash], self.table
@@ -273,12 +276,16 @@ class KVCacheGraph:
         except KeyError:
             raise ValueError(f"unknown tier {tier!r}; valid: {', '.join(self.tiers)}") from None
 
-    def _inherited(self, p: int) -> int:
-        """chain_hits a child inherits: only from an unprotected parent with no other cached child."""
+    def _inherited(self, p: int) -> float:
+        """What a child inherits (see `scoring`): a linear, unprotected parent's chain_hits; else the
+        fraction of the parent's branches that were later hit."""
         tb = self.table
-        if p < 0 or tb.children[p].sum() > 1 or self.weights.is_protected(int(tb.source[p])):
-            return 0
-        return int(tb.chain_hits[p])
+        if p < 0:
+            return 0.0
+        if tb.children[p].sum() > 1 or self.weights.is_protected(tb.source.item(p)):
+            n = tb.branches.item(p)
+            return tb.branches_hit.item(p) / n if n else 0.0
+        return float(tb.chain_hits.item(p))
 
     def _update_leaf(self, s: int) -> None:
         tb = self.table

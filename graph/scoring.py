@@ -17,10 +17,11 @@ The formula (lower priority = evicted first, among blocks that are leaves of the
   graph, so recency is measured in accesses, not seconds (deterministic, load-independent).
 - `horizon`: the tier's size in blocks. One unit of value buys a block the residence of one whole cache
   turnover, so the weights mean the same thing at every capacity and pure LRU is the case value = 0.
-- `chain_hits`: hits of the block, or of the linear chain it extends if larger. A block inherits its
-  parent's `chain_hits` when the parent is unprotected and has no other cached child: the tail a
-  conversation just appended is worth what the conversation has proven, while a branch off a shared system
-  prompt starts from zero. Hits are the number of later requests that found the block cached.
+- `chain_hits`: the block's hits (later requests that found it cached), or what it inherited if larger.
+  From an unprotected parent with no other cached child (a linear chain) it inherits the parent's
+  `chain_hits`: the tail a conversation just appended is worth what the conversation has proven. From a
+  branching point or a protected parent (a shared system prompt, a document) it inherits the fraction of
+  that parent's branches that were later hit: how often continuations off this prefix come back.
 - `requests`: distinct requests that used the block (sharing across requests, the `prefix_share` signal).
 - `source`: label weight (system prompts and retrieved documents are reused by design); protected sources
   add `protect_bonus` turnovers, so they leave only when nothing else can or after long disuse.
@@ -52,7 +53,7 @@ def source_code(label: str | None) -> int:
 
 
 def _default_source_weights() -> dict[str, float]:
-    return {"system": 0.5, "tool": 0.5}
+    return {"system": 0.5, "tool": 1.0}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def components(
     w: ScoreWeights,
     tick: float,
     horizon: float,
-    chain_hits: int,
+    chain_hits: float,
     requests: int,
     source: int,
     importance: float = 0.0,
@@ -124,7 +125,7 @@ def priority(
     w: ScoreWeights,
     tick: float,
     horizon: float,
-    chain_hits: int,
+    chain_hits: float,
     requests: int,
     source: int,
     importance: float = 0.0,

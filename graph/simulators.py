@@ -163,6 +163,8 @@ class GraphCache:
         self._children: dict[Hashable, int] = {}
         self._hits: dict[Hashable, int] = {}
         self._chain: dict[Hashable, int] = {}
+        self._branches: dict[Hashable, int] = {}
+        self._branches_hit: dict[Hashable, int] = {}
         self._source: dict[Hashable, int] = {}
         self._prio: dict[Hashable, float] = {}
         self._seq: dict[Hashable, int] = {}
@@ -182,6 +184,8 @@ class GraphCache:
         for b in blocks:
             if b in self._parent:
                 self._hits[b] += 1
+                if self._hits[b] == 1 and self._parent[b] is not None:
+                    self._branches_hit[self._parent[b]] = self._branches_hit.get(self._parent[b], 0) + 1
                 self._chain[b] = max(self._chain[b], self._hits[b], self._inherited(self._parent[b]))
                 self._rescore(b)
         pinned = set(blocks)
@@ -193,9 +197,12 @@ class GraphCache:
             self._insert(b, blocks[i - 1] if i else None, sources[i])
         return hit
 
-    def _inherited(self, parent: Hashable | None) -> int:
-        if parent is None or self._children[parent] > 1 or self.weights.is_protected(self._source[parent]):
+    def _inherited(self, parent: Hashable | None) -> float:
+        if parent is None:
             return 0
+        if self._children[parent] > 1 or self.weights.is_protected(self._source[parent]):
+            n = self._branches.get(parent, 0)
+            return self._branches_hit.get(parent, 0) / n if n else 0.0
         return self._chain[parent]
 
     def _insert(self, b: Hashable, parent: Hashable | None, source: int) -> None:
@@ -207,6 +214,7 @@ class GraphCache:
         self._source[b] = source
         if parent is not None:
             self._children[parent] += 1
+            self._branches[parent] = self._branches.get(parent, 0) + 1
         self._chain[b] = self._inherited(parent)
         self.tick += 1
         self._rescore(b)

@@ -18,7 +18,9 @@ COLUMNS: dict[str, type] = {
     "source": np.int8,  # scoring.SOURCES code
     "hits": np.int32,  # later requests that found the block cached
     "requests": np.int32,  # distinct requests that used it
-    "chain_hits": np.int32,  # max(hits, chain_hits inherited from a linear parent)
+    "chain_hits": np.float32,  # max(hits, value inherited from the parent): see scoring
+    "branches": np.int32,  # children ever stored under this block
+    "branches_hit": np.int32,  # of those, children that were later hit
     "tick": np.int64,  # the tier's store counter at the last access
     "last_access": np.float64,  # clock() at the last access
     "created": np.float64,

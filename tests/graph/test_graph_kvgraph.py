@@ -103,7 +103,7 @@ def test_counters_and_attributes():
     assert s["chain_hits"] == 1 and s["last_access"] == 5.0
 
 
-def test_chain_hits_inherited_along_a_linear_chain_only():
+def test_chain_hits_inherited_from_linear_parents_and_branch_rates():
     g = KVCacheGraph()
     chain(g, [b"s"], "r0", source="system")
     chain(g, [b"s", b"a1"], "r1")
@@ -112,7 +112,11 @@ def test_chain_hits_inherited_along_a_linear_chain_only():
     assert g.info(b"a1")["chain_hits"] == 2
     assert g.info(b"a2")["chain_hits"] == 2  # inherits from its linear parent
     chain(g, [b"s", b"b1"], "r4")
-    assert g.info(b"b1")["chain_hits"] == 0  # a branch off the protected system prompt starts at zero
+    # A branch off the protected system prompt inherits how often its branches came back: a1 did, b1 is new.
+    assert g.info(b"b1")["chain_hits"] == 0.5
+    chain(g, [b"s", b"c1"], "r5")
+    assert g.info(b"c1")["chain_hits"] == pytest.approx(1 / 3)
+    assert g.info(b"s")["branches"] == 3
 
 
 def test_leaf_bookkeeping_across_tiers():
