@@ -166,26 +166,31 @@ class GraphEvictionAdvisor:
         self, n: int, tier: str, candidates_lru_order: Iterable[Hashable] | None = None
     ) -> list[EvictionDecision]:
         """Decisions for up to n evictions from `tier` (to the next slower tier, or dropped from the last).
-        Uses the snapshot when it is at most `max_stale_s` old; otherwise LRU — `candidates_lru_order` if
-        given, else the graph's own LRU order — keeping only evictable blocks, and records the fallback."""
+        Uses the snapshot when it is at most `max_stale_s` old; otherwise — or for the rest when the
+        snapshot ranks fewer than n evictable blocks (blocks stored since it was taken) — LRU order
+        (`candidates_lru_order` if given, else the graph's own), evictable blocks only, and each decision
+        records which policy it came from and why."""
         tiers = self.graph.tiers
         t = self.graph.tier_index(tier)
         tier_to = tiers[t + 1] if t + 1 < len(tiers) else None
         age = self.snapshot_age()
+        lru = self.graph.lru_order(tier) if candidates_lru_order is None else candidates_lru_order
+        picks: list[tuple[Hashable, str, str]] = []
         if age is not None and age <= self.max_stale_s:
-            victims, policy = self.suggest_eviction(n, tier), "graph"
-            reason = f"lowest priority leaf in {tier} (snapshot v{self._snapshot.version})"
+            why = f"lowest priority leaf in {tier} (snapshot v{self._snapshot.version})"
+            picks = [(h, "graph", why) for h in self.suggest_eviction(n, tier)]
+            fallback = f"snapshot v{self._snapshot.version} ranks no more evictable blocks of {tier}"
+        elif age is None:
+            fallback = "no snapshot yet"
         else:
-            source = self.graph.lru_order(tier) if candidates_lru_order is None else candidates_lru_order
-            victims, policy = self._lru_victims(n, tier, source), "lru-fallback"
-            why = (
-                "no snapshot yet"
-                if age is None
-                else f"snapshot {age:.3f}s old > max_stale {self.max_stale_s}s"
-            )
-            reason = f"least recently used leaf in {tier}; {why}"
+            fallback = f"snapshot {age:.3f}s old > max_stale {self.max_stale_s}s"
+        if len(picks) < n:  # stale, missing or exhausted snapshot: LRU, leaves first still
+            taken = {h for h, _, _ in picks}
+            why = f"least recently used leaf in {tier}; {fallback}"
+            more = self._lru_victims(n - len(picks), tier, (h for h in lru if h not in taken))
+            picks += [(h, "lru-fallback", why) for h in more]
         out = []
-        for h in victims:
+        for h, policy, reason in picks:
             comp = self.explain(h)
             out.append(EvictionDecision(h, tier, tier_to, policy, comp.total, comp, age, reason))
         return out

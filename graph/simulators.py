@@ -162,7 +162,7 @@ class GraphCache:
         self._parent: dict[Hashable, Hashable | None] = {}
         self._children: dict[Hashable, int] = {}
         self._hits: dict[Hashable, int] = {}
-        self._chain: dict[Hashable, int] = {}
+        self._chain: dict[Hashable, float] = {}
         self._branches: dict[Hashable, int] = {}
         self._branches_hit: dict[Hashable, int] = {}
         self._source: dict[Hashable, int] = {}
@@ -199,7 +199,7 @@ class GraphCache:
 
     def _inherited(self, parent: Hashable | None) -> float:
         if parent is None:
-            return 0
+            return 0.0
         if self._children[parent] > 1 or self.weights.is_protected(self._source[parent]):
             n = self._branches.get(parent, 0)
             return self._branches_hit.get(parent, 0) / n if n else 0.0
@@ -247,6 +247,8 @@ class GraphCache:
         parent = self._parent.pop(b)
         for d in (self._children, self._hits, self._chain, self._source, self._prio, self._seq):
             del d[b]
+        self._branches.pop(b, None)
+        self._branches_hit.pop(b, None)
         self.evictions += 1
         if parent is not None:
             self._children[parent] -= 1

@@ -100,6 +100,17 @@ def test_staleness_fallback_recorded():
     assert d.tier_to is None  # dropping from the last tier
 
 
+def test_exhausted_snapshot_tops_up_from_lru():
+    g = KVCacheGraph(clock=FakeClock())
+    chain(g, [b"a"], "r1")
+    adv = GraphEvictionAdvisor(g)
+    adv.refresh()
+    chain(g, [b"b"], "r2")  # stored after the snapshot: not ranked yet
+    d1, d2 = adv.choose_victims(3, "vram")
+    assert (d1.block_hash, d1.policy_used) == (b"a", "graph")
+    assert (d2.block_hash, d2.policy_used) == (b"b", "lru-fallback") and "ranks no more" in d2.reason
+
+
 def test_suggestions_skip_blocks_changed_since_the_snapshot():
     g = KVCacheGraph(clock=FakeClock())
     for i in range(4):
