@@ -1,0 +1,15 @@
+"""vLLM's default multi-process mode (issue test 7): engine core and worker in their own processes
+(VLLM_ENABLE_V1_MULTIPROCESSING=1, the "mp" executor), so the two connector sides share no memory; a
+request sharing a 5-block prefix is served from the tiers and matches the run without the connector."""
+
+from __future__ import annotations
+
+from helpers import BLOCK, SHARED, connector_config, engine, generate, tokens
+
+
+def test_multiprocess_reuse_equals_no_connector(tiny_model, baseline):
+    first, second = SHARED["multiprocess"]
+    with engine(tiny_model, connector_config("none"), multiprocess=True) as llm:
+        outs = generate(llm, [first, second])
+    assert tokens(outs) == [baseline[first], baseline[second]]
+    assert [o.num_cached_tokens for o in outs] == [0, 5 * BLOCK]
