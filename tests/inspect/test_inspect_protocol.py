@@ -38,6 +38,8 @@ BAD_REQUESTS = [
     ({"method": "explain", "params": {"block_hash": "not hex"}}, "block_hash: expected bytes or a hex"),
     ({"method": "explain", "params": {"block_hash": b""}}, "block_hash: expected bytes or a hex string"),
     ({"method": "explain", "params": {"block_hash": "abc"}}, "odd number of hex digits"),
+    ({"v": 99, "method": "stats"}, "protocol version 99 is newer"),
+    ({"v": "1", "method": "stats"}, "protocol version '1'"),
 ]
 
 

@@ -236,3 +236,15 @@ def test_requests_while_the_scheduler_runs(short_dir):
         w.close()
     assert not errors, errors
     assert answered[0] >= 20
+
+
+def test_a_forked_child_leaves_the_parents_socket_alone(lru_run, short_dir):
+    with InspectionService(lru_run.state, short_dir / "f.sock") as service:
+        pid = os.fork()
+        if pid == 0:  # the child: what its atexit would do
+            service.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert service.path.exists()
+        with connect(service.path) as client:
+            assert client.ping()["pid"] == os.getpid()

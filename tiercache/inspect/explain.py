@@ -85,7 +85,7 @@ def _resolve(manager, snap: Snapshot, prefix: str) -> bytes:
         if manager is not None and exact in manager.index.entries:
             return exact
     seen = {e.block_hash for e in snap.decisions}
-    seen.update(r["block_hash"] for rows in snap.blocks.values() for r in rows)
+    seen.update(row[0] for rows in snap.blocks.values() for row in rows)
     matches = sorted(h for h in seen if isinstance(h, bytes) and h.hex().startswith(prefix))
     if len(matches) == 1:
         return matches[0]

@@ -19,7 +19,7 @@ from typing import Any
 
 from tiercache.events import TIERS
 from tiercache.inspect.protocol import PROTOCOL_VERSION
-from tiercache.inspect.state import DECISION_KINDS, InspectionState, Snapshot, block_record
+from tiercache.inspect.state import BLOCK_FIELDS, DECISION_KINDS, InspectionState, Snapshot
 
 logger = logging.getLogger(__name__)
 MAX_LIMIT = 100_000
@@ -34,6 +34,12 @@ def handle(state: InspectionState, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict):
             raise RequestError(
                 f"request must be a map {{'method': str, 'params': map}}, got {type(request).__name__}"
+            )
+        version = request.get("v", PROTOCOL_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version > PROTOCOL_VERSION:
+            raise RequestError(
+                f"protocol version {version!r} is newer than this server's ({PROTOCOL_VERSION}); use the "
+                "tiercache version of the engine's environment to inspect it"
             )
         method = request.get("method")
         handler = METHODS.get(method) if isinstance(method, str) else None
@@ -190,8 +196,8 @@ def _decisions(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     return out
 
 
-def _block_out(record: dict[str, Any], snap: Snapshot) -> dict[str, Any]:
-    out = dict(record)
+def _block_out(row: tuple, snap: Snapshot) -> dict[str, Any]:
+    out = dict(zip(BLOCK_FIELDS, row, strict=True))
     out["stored_age_s"] = snap.age_of(out.pop("stored_at"))
     out["idle_s"] = snap.age_of(out.pop("last_access"))
     return out
@@ -201,7 +207,7 @@ def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     snap = _snapshot(state)
     tier, limit = _tier(params), _int(params, "limit", 100)
     rows = [r for t in TIERS if tier in (None, t) for r in snap.blocks[t]]
-    rows.sort(key=lambda r: -r["last_access"])
+    rows.sort(key=lambda r: -r[5])  # last_access
     return [_block_out(r, snap) for r in rows[:limit]]
 
 
@@ -231,4 +237,4 @@ METHODS = {
     "blocks": _blocks,
     "explain": _explain,
 }
-__all__ = ["METHODS", "RequestError", "block_record", "decision_dict", "handle"]
+__all__ = ["METHODS", "RequestError", "decision_dict", "handle"]

@@ -77,6 +77,7 @@ class InspectionService:
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
         self._pointer = pointer
+        self._pid = os.getpid()
         self._stop = threading.Event()
         self._conns: dict[int, _Conn] = {}
         self._sel = selectors.DefaultSelector()
@@ -112,6 +113,8 @@ class InspectionService:
             return
         self._stop.set()
         atexit.unregister(self.close)
+        if os.getpid() != self._pid:  # a forked child: the socket and its thread belong to the parent
+            return
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         if threading.current_thread() is not self._thread:

@@ -2,7 +2,7 @@
 as immutable snapshots that the server thread reads without locks.
 
 Provides:
-    InspectionState(max_decisions=1000, max_blocks=512, max_ttft=10_000, bytes_per_block=None)
+    InspectionState(max_decisions=1000, max_blocks=256, max_ttft=10_000, bytes_per_block=None)
         record(events)                      scheduler thread, every step: counters + recent decisions (cheap:
                                             a few dict increments per event; decisions are kept as the
                                             frozen events themselves, converted only when someone asks)
@@ -15,6 +15,7 @@ Provides:
         manager                             the manager last published (for point reads: explain)
     Snapshot                                frozen; plain data only, never mutated after publication
     DECISION_KINDS                          event kinds kept as decisions
+    BLOCK_FIELDS, block_record(entry)       a block's row in a snapshot (tuples) / as a dict
     live_states() -> list[InspectionState]  this process's live states, newest first (the in-process client)
 
 Decisions kept: every EvictionEvent and DropEvent, WarmEvents when planned (a load hit or prefetch) or failed,
@@ -28,7 +29,7 @@ import os
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,18 @@ from typing import Any
 from tiercache.events import TIERS, TierEvent
 
 DECISION_KINDS = ("eviction", "drop", "warm", "spill")
+BLOCK_FIELDS = (
+    "block_hash", "tier", "slot", "hits", "stored_at", "last_access", "ready", "loads_in_flight", "moving",
+    "evictable",
+)  # fmt: skip
 _KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
+_HIT_KEY = {tier: "hits_" + tier for tier in TIERS}
+_FROM_KEY = {tier: "evictions_from_" + tier for tier in TIERS}
+_MOVE_KEY = {(k, s): f"{k}s_{s}" for k in ("spill", "warm") for s in ("planned", "done", "failed")}
+_COUNTERS = (
+    *_HIT_KEY.values(), *_FROM_KEY.values(), *_MOVE_KEY.values(), "events", "misses", "stores",
+    "store_failures", "evictions", "evictions_dropped", "drops", "tokens_loaded", "tokens_recomputed",
+)  # fmt: skip
 _LIVE: list[weakref.ref] = []
 _LIVE_LOCK = threading.Lock()
 
@@ -54,7 +66,7 @@ class Snapshot:
     counters: Mapping[str, int]
     tiers: tuple[Mapping[str, Any], ...]
     decisions: tuple[TierEvent, ...]  # oldest first
-    blocks: Mapping[str, tuple[Mapping[str, Any], ...]]  # per tier, most recently used first
+    blocks: Mapping[str, tuple[tuple, ...]]  # per tier, most recently used first; rows as BLOCK_FIELDS
     ttft: Mapping[str, Mapping[str, float] | None]  # "hit" / "miss" → count, mean_s, p50_s, p90_s
 
     def age_of(self, clock_time: float) -> float:
@@ -66,7 +78,7 @@ class InspectionState:
     def __init__(
         self,
         max_decisions: int = 1000,
-        max_blocks: int = 512,
+        max_blocks: int = 256,
         max_ttft: int = 10_000,
         bytes_per_block: Mapping[str, int] | None = None,
         min_interval: float = 0.1,
@@ -79,7 +91,7 @@ class InspectionState:
         self.max_blocks = max_blocks
         self.min_interval = min_interval
         self.bytes_per_block = dict(bytes_per_block or {})
-        self.counters: Counter[str] = Counter()
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)  # a plain dict: the fastest += path
         self.decisions: deque[TierEvent] = deque(maxlen=max_decisions)
         self.ttft: dict[bool, deque[float]] = {True: deque(maxlen=max_ttft), False: deque(maxlen=max_ttft)}
         self.snapshot: Snapshot | None = None
@@ -102,29 +114,32 @@ class InspectionState:
     def record(self, events: Iterable[TierEvent]) -> None:
         c, keep = self.counters, self.decisions.append
         self.owner_thread = threading.get_ident()
+        n = 0
         for e in events:
+            n += 1
             kind = e.kind
-            c["events"] += 1
             if kind == "hit":
-                c["hits_" + e.tier] += 1
-            elif kind == "miss":
-                c["misses"] += 1
-            elif kind == "store":
-                c["stores" if e.stored else "store_failures"] += 1
+                c[_HIT_KEY[e.tier]] += 1
+            elif kind == "spill" or kind == "warm":
+                c[_MOVE_KEY[kind, e.stage]] += 1
+                if e.stage in _KEEP_STAGES[kind]:
+                    keep(e)
             elif kind == "eviction":
                 c["evictions"] += 1
-                c["evictions_by_" + e.policy] += 1
-                c["evictions_from_" + e.tier_from] += 1
+                key = "evictions_by_" + e.policy
+                c[key] = c.get(key, 0) + 1
+                c[_FROM_KEY[e.tier_from]] += 1
                 if e.tier_to is None:
                     c["evictions_dropped"] += 1
                 keep(e)
+            elif kind == "store":
+                c["stores" if e.stored else "store_failures"] += 1
+            elif kind == "miss":
+                c["misses"] += 1
             elif kind == "drop":
                 c["drops"] += 1
                 keep(e)
-            elif kind == "spill" or kind == "warm":
-                c[f"{kind}s_{e.stage}"] += 1
-                if e.stage in _KEEP_STAGES[kind]:
-                    keep(e)
+        c["events"] += n
 
     def record_tokens(self, loaded: int = 0, recomputed: int = 0) -> None:
         self.counters["tokens_loaded"] += loaded
@@ -178,30 +193,24 @@ class InspectionState:
             out["used_bytes"] = alloc.num_used * per_block
         return out
 
-    def _blocks(self, manager, tier: str) -> tuple[dict[str, Any], ...]:
+    def _blocks(self, manager, tier: str) -> tuple[tuple, ...]:
         out = []
         entries = manager.index.entries
         for block_hash in reversed(manager.index.order[tier]):
             if len(out) >= self.max_blocks:
                 break
-            out.append(block_record(entries[block_hash]))
+            e = entries[block_hash]
+            out.append((block_hash, e.tier, e.slot, e.hits, e.stored_at, e.last_access, e.ready, e.refs,
+                        e.move is not None, e.evictable))  # fmt: skip
         return tuple(out)
 
 
 def block_record(entry) -> dict[str, Any]:
     """A BlockEntry as plain data (times on the manager's clock)."""
-    return {
-        "block_hash": entry.block_hash,
-        "tier": entry.tier,
-        "slot": entry.slot,
-        "hits": entry.hits,
-        "stored_at": entry.stored_at,
-        "last_access": entry.last_access,
-        "ready": entry.ready,
-        "loads_in_flight": entry.refs,
-        "moving": entry.move is not None,
-        "evictable": entry.evictable,
-    }
+    return dict(zip(BLOCK_FIELDS, (
+        entry.block_hash, entry.tier, entry.slot, entry.hits, entry.stored_at, entry.last_access, entry.ready,
+        entry.refs, entry.move is not None, entry.evictable,
+    ), strict=True))  # fmt: skip
 
 
 def live_states() -> list[InspectionState]:
