@@ -31,13 +31,15 @@ def _encode_heads(
     if NPIECE > 2:
         rot2 = tl.load(rot_ptr + 2 * D * D + rot_offs)
     num_items = tl.cdiv(T, BT) * H
+    # The next item's input is loaded while this one is computed.
+    x_next, slot_next = _load_item(x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, tl.program_id(0), D, BT)
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
-        tile = item // H
         h = item % H
-        t = tile * BT + tl.arange(0, BT)
-        slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+        x, slot = x_next, slot_next
+        x_next, slot_next = _load_item(
+            x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, item + tl.num_programs(0), D, BT
+        )  # fmt: skip
         valid = slot >= 0
-        x = tl.load(x_ptr + t[:, None] * sx_t + h * sx_h + d[None, :] * sx_d, mask=valid[:, None], other=0.0)
         xf = x.to(tl.float32)
         norm = tl.sqrt(tl.sum(xf * xf, axis=1))
         if NPIECE == 1:
@@ -55,6 +57,18 @@ def _encode_heads(
         rows = p_ptr + block * sp_b + offset * sp_o + h * sp_h
         pack_field_major(idx, rows, valid, sp_p, BITS, PG, BPG, NG)
         tl.store(n_ptr + block * sn_b + offset * sn_o + h * sn_h, norm, mask=valid)
+
+
+@triton.jit
+def _load_item(x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, item, D: tl.constexpr, BT: tl.constexpr):
+    """Input rows [BT, D] and slots [BT] of work item (token tile item // H, head item % H)."""
+    t = (item // H) * BT + tl.arange(0, BT)
+    t_end = tl.where(item < tl.cdiv(T, BT) * H, T, 0)  # items past the end load nothing
+    slot = tl.load(slot_ptr + t, mask=t < t_end, other=-1).to(tl.int64)
+    d = tl.arange(0, D)
+    rows = x_ptr + t[:, None] * sx_t + (item % H) * sx_h + d[None, :] * sx_d
+    x = tl.load(rows, mask=(slot >= 0)[:, None], other=0.0)
+    return x, slot
 
 
 @triton.jit

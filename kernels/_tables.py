@@ -56,6 +56,9 @@ class KernelTables:
     codebook_f16: torch.Tensor  # [2**bits] f16
     codebook_bf16: torch.Tensor  # [2**bits] bf16
     boundaries: torch.Tensor  # [2**bits − 1] f32
+    rot_t: torch.Tensor  # [D, D] f32  Πᵀ (natural order: decode attention)
+    rot: torch.Tensor  # [D, D] f32  Π
+    byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
 
 
 _CACHE: dict[tuple[str, torch.device], KernelTables] = {}
@@ -97,4 +100,25 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         codebook_f16=cb.to(torch.float16).to(device),
         codebook_bf16=cb.to(torch.bfloat16).to(device),
         boundaries=codec.boundaries.to(device),
+        rot_t=rot.t().contiguous().to(device),
+        rot=rot.contiguous().to(device),
+        byte_lut_bf16=_byte_lut(codec).to(device),
     )
+
+
+def _byte_lut(codec: TurboQuantCodec) -> torch.Tensor:
+    """For widths 2, 4, 8: entry `byte` packs the bf16 bit patterns of its 8/bits centroids, index k of the
+    byte at bits 16k (int64 for 2-bit, int32 for 4-bit, the bf16 codebook itself for 8-bit).
+    Other widths: the bf16 codebook (unused by the LUT path)."""
+    bf16 = codec.codebook.to(torch.bfloat16)
+    if codec.bits not in (2, 4):
+        return bf16
+    pattern = bf16.view(torch.int16).to(torch.int64) & 0xFFFF
+    byte = torch.arange(256, dtype=torch.int64)
+    per_byte, mask = 8 // codec.bits, (1 << codec.bits) - 1
+    lut = torch.zeros(256, dtype=torch.int64)
+    for k in range(per_byte):
+        lut |= pattern[(byte >> (k * codec.bits)) & mask] << (16 * k)
+    if codec.bits == 4:
+        lut = torch.where(lut >= 2**31, lut - 2**32, lut).to(torch.int32)
+    return lut

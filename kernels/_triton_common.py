@@ -25,15 +25,28 @@ def unpack_field_major(
     BPG: tl.constexpr,
     NG: tl.constexpr,
 ):
+    word = load_packed_words(row_ptrs, row_mask, byte_stride, BPG, NG)
+    return words_to_field_major(word, BITS, PG, NG)
+
+
+@triton.jit
+def load_packed_words(row_ptrs, row_mask, byte_stride, BPG: tl.constexpr, NG: tl.constexpr):
+    """The NG groups of each packed row as int32 words [R, NG] (BPG little-endian bytes each)."""
     g = tl.arange(0, NG)
     ptrs = row_ptrs[:, None] + (g * BPG)[None, :] * byte_stride
     word = tl.load(ptrs, mask=row_mask[:, None], other=0).to(tl.int32)
     for m in tl.static_range(1, BPG):
         byte = tl.load(ptrs + m * byte_stride, mask=row_mask[:, None], other=0).to(tl.int32)
         word = word | (byte << (8 * m))
+    return word
+
+
+@triton.jit
+def words_to_field_major(word, BITS: tl.constexpr, PG: tl.constexpr, NG: tl.constexpr):
+    """Group words [R, NG] → indices [R, PG·NG] in field-major order."""
     shifts = tl.arange(0, PG) * BITS
     idx = (word[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)  # [R, PG, NG]
-    return tl.reshape(idx, [row_ptrs.shape[0], PG * NG])
+    return tl.reshape(idx, [word.shape[0], PG * NG])
 
 
 @triton.jit
@@ -78,3 +91,70 @@ def dot16(a, b, acc, UPCAST: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def interleave2(a, b):
+    """[R, N] × 2 → [R, 2N] with out[:, 2n + k] = (a, b)[k][:, n]."""
+    return tl.reshape(tl.join(a, b), [a.shape[0], 2 * a.shape[1]])
+
+
+@triton.jit
+def interleave4(v0, v1, v2, v3):
+    """[R, N] × 4 → [R, 4N] with out[:, 4n + k] = v_k[:, n]."""
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), [v0.shape[0], 4 * v0.shape[1]])
+
+
+@triton.jit
+def interleave8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[R, N] × 8 → [R, 8N] with out[:, 8n + k] = v_k[:, n]."""
+    x = tl.join(tl.join(v0, v4), tl.join(v2, v6))
+    y = tl.join(tl.join(v1, v5), tl.join(v3, v7))
+    return tl.reshape(tl.join(x, y), [v0.shape[0], 8 * v0.shape[1]])
+
+
+@triton.jit
+def _centroid(word, k: tl.constexpr, cb_ptr, BITS: tl.constexpr):
+    return tl.load(cb_ptr + ((word >> (k * BITS)) & ((1 << BITS) - 1)))
+
+
+@triton.jit
+def _bf16_field(w, k: tl.constexpr):
+    """16-bit field k of a packed LUT entry, as bfloat16."""
+    return ((w >> (16 * k)) & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def dequant_natural(word, tab_ptr, BITS: tl.constexpr, PG: tl.constexpr, LUT: tl.constexpr):
+    """Group words [R, NG] → centroids [R, PG·NG] in natural index order (rotated domain).
+
+    LUT (widths 2, 4, 8 with a bf16 operand): one lookup per byte in a 256-entry table whose entry packs
+    the byte's PG bf16 centroids. Otherwise one codebook lookup per index (tab_ptr: the codebook).
+    """
+    if LUT:
+        if PG == 1:
+            out = tl.load(tab_ptr + word)
+        elif PG == 2:
+            w = tl.load(tab_ptr + word)
+            out = interleave2(_bf16_field(w, 0), _bf16_field(w, 1))
+        else:
+            w = tl.load(tab_ptr + word)
+            out = interleave4(_bf16_field(w, 0), _bf16_field(w, 1), _bf16_field(w, 2), _bf16_field(w, 3))
+    else:
+        if PG == 1:
+            out = _centroid(word, 0, tab_ptr, BITS)
+        elif PG == 2:
+            out = interleave2(_centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS))
+        elif PG == 4:
+            out = interleave4(
+                _centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS),
+                _centroid(word, 2, tab_ptr, BITS), _centroid(word, 3, tab_ptr, BITS),
+            )  # fmt: skip
+        else:
+            out = interleave8(
+                _centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS),
+                _centroid(word, 2, tab_ptr, BITS), _centroid(word, 3, tab_ptr, BITS),
+                _centroid(word, 4, tab_ptr, BITS), _centroid(word, 5, tab_ptr, BITS),
+                _centroid(word, 6, tab_ptr, BITS), _centroid(word, 7, tab_ptr, BITS),
+            )  # fmt: skip
+    return out

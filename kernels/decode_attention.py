@@ -27,18 +27,27 @@ from ._tables import kernel_tables
 from .codec import TurboQuantCodec
 from .reference import decode_attention_reference
 
-_TILE = 64
-_PROGRAMS_PER_SM = 2
+# Launch configuration, one for every shape (benchmarks/decode_attention.py sweeps it).
+CONFIG = {
+    "layout": "reshape",
+    "tile": 32,
+    "programs_per_sm": 2,
+    "num_warps": 4,
+    "num_stages": 1,
+    "prefetch": True,
+}
 _LOG2E = 1.4426950408889634
+LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
 if HAVE_TRITON:
-    from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel
+    from ._decode_fields_kernel import _decode_fields_kernel
+    from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel, _rotate_query_kernel
 
 
 def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
     """Splits per (sequence, kv head) so that the grid fills the GPU; at least one tile per split."""
-    want = -(-_PROGRAMS_PER_SM * num_sms(device) // max(1, batch * num_kv_heads))
-    return max(1, min(want, -(-max_tokens // _TILE)))
+    want = -(-CONFIG["programs_per_sm"] * num_sms(device) // max(1, batch * num_kv_heads))
+    return max(1, min(want, -(-max_tokens // CONFIG["tile"])))
 
 
 @dataclass
@@ -47,6 +56,8 @@ class DecodeWorkspace:
 
     partial_out: torch.Tensor  # [B, Hq, S, D] f32
     partial_lse: torch.Tensor  # [B, Hq, S] f32
+    q_rot_f32: torch.Tensor  # [B, Hq, D] rotated query (float32 queries)
+    q_rot_bf16: torch.Tensor  # [B, Hq, D] rotated query (16-bit queries)
 
     @property
     def num_splits(self) -> int:
@@ -61,6 +72,8 @@ class DecodeWorkspace:
         return cls(
             torch.empty(batch, num_q_heads, splits, head_dim, device=query.device, dtype=torch.float32),
             torch.empty(batch, num_q_heads, splits, device=query.device, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, head_dim, device=query.device, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, head_dim, device=query.device, dtype=torch.bfloat16),
         )
 
 
@@ -97,28 +110,62 @@ def tq_decode_attention(
         workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)
     _check_workspace(workspace, query)
     splits = workspace.num_splits
-    tiles = -(-block_tables.shape[1] * block_size // _TILE)
-    split_tokens = _TILE * -(-tiles // splits)
+    tile = CONFIG["tile"]
+    tiles = -(-block_tables.shape[1] * block_size // tile)
+    split_tokens = tile * -(-tiles // splits)
     kt, vt = kernel_tables(k_codec, query.device), kernel_tables(v_codec, query.device)
     ieee = query.dtype == torch.float32
-    kcb, vcb = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
+    k_lut, v_lut = not ieee and kt.bytes_per_group == 1, not ieee and vt.bytes_per_group == 1
+    ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
+    vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
     group = num_q_heads // num_kv_heads
     gp = max(16, next_pow2(group))
     q = query if query.stride(-1) == 1 else query.contiguous()
-    _decode_split_kernel[(batch * num_kv_heads, splits)](
-        q, q.stride(0), q.stride(1), kt.rot_t_perm,
-        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
-        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
-        kcb, vcb, block_tables, *block_tables.stride(), context_lens,
-        workspace.partial_out, workspace.partial_lse,
-        num_kv_heads, num_q_heads, group, splits, split_tokens, scale * _LOG2E,
-        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=_TILE, IEEE=ieee, UPCAST=interpreting(),
-        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
-        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-        num_warps=4,
+    q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
+    # "fields": batched per-field dots; "reshape": field-major tiles; "natural": natural order + byte LUTs
+    fields = CONFIG["layout"] in ("fields", "reshape")
+    if CONFIG["layout"] == "reshape":
+        k_lut = v_lut = False
+        ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
+    _rotate_query_kernel[(batch * num_kv_heads,)](
+        q, q.stride(0), q.stride(1), kt.rot_t_perm if fields else kt.rot_t, q_rot,
+        num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
     )  # fmt: skip
+    if CONFIG["layout"] == "fields":
+        k_lut, v_lut = k_lut and kt.per_group > 1, v_lut and vt.per_group > 1
+        ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
+        vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
+        LAST_COMPILED["split"] = _decode_fields_kernel[(batch * num_kv_heads, splits)](
+            q_rot,
+            k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+            v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+            ktab, vtab, block_tables, *block_tables.stride(), context_lens,
+            workspace.partial_out, workspace.partial_lse,
+            num_kv_heads, num_q_heads, group, splits, split_tokens,
+            BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
+            K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
+            K_NGP=max(16, kt.num_groups), K_LUT=k_lut,
+            V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
+            V_NGP=max(16, vt.num_groups), V_LUT=v_lut,
+            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        )  # fmt: skip
+    else:
+        LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
+            q_rot,
+            k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+            v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+            ktab, vtab, block_tables, *block_tables.stride(), context_lens,
+            workspace.partial_out, workspace.partial_lse,
+            num_kv_heads, num_q_heads, group, splits, split_tokens,
+            BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
+            PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields,
+            K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
+            V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
+            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        )  # fmt: skip
     _decode_merge_kernel[(batch * num_kv_heads,)](
-        workspace.partial_out, workspace.partial_lse, vt.rot_perm, out, out.stride(0), out.stride(1),
+        workspace.partial_out, workspace.partial_lse, vt.rot_perm if fields else vt.rot,
+        out, out.stride(0), out.stride(1),
         num_kv_heads, num_q_heads, group, splits, D=head_dim, GP=gp, IEEE=ieee, num_warps=4,
     )  # fmt: skip
     return out

@@ -3,9 +3,9 @@
 Provides:
     tq_dequantize_blocks(packed, norms, block_ids, codec, out) -> out
 
-Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere. A float32 `out` is
-computed with IEEE float32 products (≤ 1e-6 relative to the codec); a 16-bit `out` with float16 codebook
-and rotation operands and float32 accumulation (error well under the output's own rounding).
+Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere. A float32 `out`
+is computed with split-TF32 (tf32x3) products (≤ 1e-6 relative to the codec); a 16-bit `out` with
+float16 codebook and rotation operands and float32 accumulation (error well under the output's rounding).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from ._tables import kernel_tables
 from .codec import TurboQuantCodec
 from .reference import dequantize_blocks_reference
 
-_ROWS = 64
+# Launch configuration (benchmarks/encode_store.py sweeps it).
+LAST_COMPILED: dict = {}  # the last compiled kernel (register and spill report in the benchmark)
+CONFIG = {"rows": 64, "programs_per_sm": 4, "num_warps": 4, "num_stages": 3}
 
 if HAVE_TRITON:
     from ._dequantize_kernel import _dequantize_kernel
@@ -49,15 +51,16 @@ def tq_dequantize_blocks(
     ieee = out.dtype == torch.float32
     codebook, rot = (t.codebook, t.rot_perm) if ieee else (t.codebook_f16, t.rot_perm_f16)
     block_size, num_heads = packed.shape[1], packed.shape[2]
-    items = block_ids.shape[0] * -(-block_size * num_heads // _ROWS)
-    grid = (max(1, min(items, 4 * num_sms(packed.device))),)
-    _dequantize_kernel[grid](
+    rows = CONFIG["rows"]
+    items = block_ids.shape[0] * -(-block_size * num_heads // rows)
+    grid = (max(1, min(items, CONFIG["programs_per_sm"] * num_sms(packed.device))),)
+    LAST_COMPILED["dequantize"] = _dequantize_kernel[grid](
         packed, *packed.stride(), norms, *norms.stride(),
         block_ids, block_ids.shape[0], num_heads,
         codebook, rot,
         out, *out.stride(),
-        BLOCK_SIZE=block_size, D=head_dim, ROWS=_ROWS, IEEE=ieee,
+        BLOCK_SIZE=block_size, D=head_dim, ROWS=rows, IEEE=ieee,
         BITS=t.bits, PG=t.per_group, BPG=t.bytes_per_group, NG=t.num_groups,
-        num_warps=4,
+        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
     return out

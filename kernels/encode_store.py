@@ -16,7 +16,9 @@ from ._tables import kernel_tables
 from .codec import TurboQuantCodec
 from .reference import encode_store_reference
 
-_BLOCK_TOKENS = 64
+# Launch configuration (benchmarks/encode_store.py sweeps it).
+LAST_COMPILED: dict = {}  # the last compiled kernel (register and spill report in the benchmark)
+CONFIG = {"block_tokens": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3}
 
 if HAVE_TRITON:
     from ._encode_store_kernel import _encode_store_kernel
@@ -60,18 +62,19 @@ def tq_encode_store(
     kt, vt = kernel_tables(k_codec, key.device), kernel_tables(v_codec, key.device)
     k_rot, v_rot = _rotation_pieces(kt, key.dtype), _rotation_pieces(vt, key.dtype)
     pieces = k_rot.shape[0]
-    items = -(-num_tokens // _BLOCK_TOKENS) * num_heads
-    grid = (max(1, min(items, 4 * num_sms(key.device))), 2)
-    _encode_store_kernel[grid](
+    bt = CONFIG["block_tokens"]
+    items = -(-num_tokens // bt) * num_heads
+    grid = (max(1, min(items, CONFIG["programs_per_sm"] * num_sms(key.device))), 2)
+    LAST_COMPILED["encode"] = _encode_store_kernel[grid](
         key, *key.stride(), value, *value.stride(),
         slot_mapping, num_tokens, num_heads,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
         v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
         k_rot, kt.boundaries, v_rot, vt.boundaries,
-        BLOCK_SIZE=k_packed.shape[1], D=head_dim, BT=_BLOCK_TOKENS, NPIECE=pieces,
+        BLOCK_SIZE=k_packed.shape[1], D=head_dim, BT=bt, NPIECE=pieces,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-        UPCAST=interpreting(), num_warps=8,
+        UPCAST=interpreting(), num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
 
 

@@ -1,0 +1,189 @@
+"""Decode attention: fused TurboQuant kernel vs torch SDPA bf16 (cuDNN, flash) vs the TQ byte floor.
+
+32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
+Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--json PATH]
+Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
+The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
+in the same run. Prints one table per preset last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from _timing import bench_us, compiled_report, copy_bandwidth_gbs, describe_device, git_commit, graphed
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tiercache.kernels import DecodeWorkspace, TurboQuantCodec, tq_decode_attention, tq_dequantize_blocks
+from tiercache.kernels import decode_attention as decode_module
+
+SHAPES = [(1, 4096), (1, 32768), (16, 4096), (16, 32768), (64, 8192)]
+HQ, H, D, BS = 32, 8, 128, 16
+PRESETS = {"k4v4": (4, 4), "k8v4": (8, 4)}
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+class Case:
+    """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA."""
+
+    def __init__(self, batch: int, seq: int, k_bits: int, v_bits: int, dense: bool = True):
+        self.kc, self.vc = TurboQuantCodec(D, k_bits, seed=1), TurboQuantCodec(D, v_bits, seed=2)
+        nb = batch * seq // BS
+        dev = "cuda"
+        self.query = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
+        self.kp = torch.randint(0, 256, (nb, BS, H, self.kc.packed_dim), device=dev, dtype=torch.uint8)
+        self.vp = torch.randint(0, 256, (nb, BS, H, self.vc.packed_dim), device=dev, dtype=torch.uint8)
+        self.kn = torch.rand(nb, BS, H, device=dev) * 4 + 8
+        self.vn = torch.rand(nb, BS, H, device=dev) * 4 + 8
+        self.tables = torch.randperm(nb, device=dev, dtype=torch.int32).view(batch, seq // BS)
+        self.lens = torch.full((batch,), seq, device=dev, dtype=torch.int32)
+        self.tq_bytes = nb * BS * H * (self.kc.packed_dim + self.vc.packed_dim + 8) + self.tables.numel() * 4
+        self.ws = DecodeWorkspace.allocate(self.query, self.tables, BS, H)
+        self.out = torch.empty_like(self.query)
+        if dense:
+            self.k = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
+            self.v = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
+            self.q4 = self.query.unsqueeze(2)
+
+    def ours(self):
+        args = (self.kp, self.kn, self.vp, self.vn, self.tables, self.lens, self.kc, self.vc)
+        return tq_decode_attention(self.query, *args, workspace=self.ws, out=self.out)
+
+    def sdpa(self):
+        return F.scaled_dot_product_attention(self.q4, self.k, self.v, enable_gqa=True)
+
+    def dequantized_dense(self):
+        """The TQ cache as dense bf16 [B, H, S, D] (for a correctness check against SDPA)."""
+        ids = self.tables.reshape(-1)
+        parts = []
+        for packed, norms, c in ((self.kp, self.kn, self.kc), (self.vp, self.vn, self.vc)):
+            out = torch.empty(ids.numel(), BS, H, D, device="cuda", dtype=torch.float32)
+            tq_dequantize_blocks(packed, norms, ids, c, out)
+            b = self.tables.shape[0]
+            parts.append(out.view(b, -1, H, D).transpose(1, 2).contiguous())
+        return parts
+
+
+def time_sdpa(case: Case) -> dict[str, float]:
+    times = {}
+    for name, backend in SDPA_BACKENDS.items():
+        try:
+            with sdpa_kernel(backend):
+                case.sdpa()
+                times[name] = bench_us(case.sdpa)
+                times[name + "_graph"] = bench_us(graphed(case.sdpa))
+        except RuntimeError as err:
+            print(f"  sdpa {name}: unavailable ({str(err).splitlines()[0][:80]})")
+    return times
+
+
+def check(case: Case) -> float:
+    """‖ours − SDPA(float32 over the dequantized cache)‖ / ‖·‖ on one shape (bf16 query)."""
+    k, v = case.dequantized_dense()
+    ref = F.scaled_dot_product_attention(case.q4.float(), k, v, enable_gqa=True).squeeze(2)
+    got = case.ours().float()
+    return float((got - ref).norm() / ref.norm())
+
+
+def run_preset(name: str, copy_gbs: float, results: list[dict]) -> None:
+    k_bits, v_bits = PRESETS[name]
+    print(f"\n{name}: K{k_bits}V{v_bits}")
+    for batch, seq in SHAPES:
+        case = Case(batch, seq, k_bits, v_bits)
+        if (batch, seq) == (16, 4096):
+            print(f"  check vs f32 SDPA over the dequantized cache: rel err {check(case):.2e}")
+        row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}
+        row["ours_us"] = bench_us(case.ours)
+        row["ours_graph_us"] = bench_us(graphed(case.ours))
+        row.update({f"sdpa_{k}_us": t for k, t in time_sdpa(case).items()})
+        results.append(row)
+        print("  " + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
+        del case
+        torch.cuda.empty_cache()
+
+
+def sweep(copy_gbs: float, adopt: bool) -> None:
+    """Launch-configuration sweep for K4V4 (CUDA-graph µs); with `adopt`, the tables use the best."""
+    shapes = [(1, 32768), (16, 32768), (64, 8192)]
+    cases = {s: Case(*s, 4, 4, dense=False) for s in shapes}
+    base = dict(decode_module.CONFIG)
+    reshape = {**base, "layout": "reshape", "num_warps": 4}
+    configs = [
+        {**reshape, "tile": tile, "num_stages": stages, "programs_per_sm": pps}
+        for tile in (32, 64) for stages in (1, 2) for pps in (2, 4)
+    ]  # fmt: skip
+    configs += [{**reshape, "tile": 64, "num_warps": 8, "num_stages": 1, "programs_per_sm": 2}]
+    configs += [
+        {**base, "layout": "natural", "tile": t, "num_stages": 1, "programs_per_sm": 4} for t in (32, 64)
+    ]
+    best, best_score = base, math.inf
+    print("\nsweep (K4V4, graph µs):", "  ".join(f"{b}x{s // 1024}K" for b, s in shapes))
+    for config in configs:
+        decode_module.CONFIG.update(config)
+        times = []
+        for case in cases.values():
+            case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
+            try:
+                times.append(bench_us(graphed(case.ours), rep_ms=50))
+            except Exception as err:  # a config that does not compile or fit
+                times.append(math.inf)
+                print("   ", type(err).__name__, str(err)[:100])
+        if math.prod(times) < best_score:
+            best, best_score = dict(config), math.prod(times)
+        report = compiled_report(decode_module.LAST_COMPILED.get("split"))
+        print(f"  {config}: {' '.join(f'{t:8.1f}' for t in times)}  {report}")
+    decode_module.CONFIG.clear()
+    decode_module.CONFIG.update(best if adopt else base)
+    print(f"  best (geometric mean): {best}; tables use {decode_module.CONFIG}")
+    floors = [c.tq_bytes / copy_gbs / 1e3 for c in cases.values()]
+    print("  floor:", " ".join(f"{f:8.1f}" for f in floors))
+
+
+def print_tables(results: list[dict], copy_gbs: float) -> None:
+    print(f"\n# decode attention, {describe_device()}, commit {git_commit()}, copy {copy_gbs:.0f} GB/s")
+    print("# times µs (eager / CUDA graph); speedup = best SDPA / ours; floor frac = floor / ours (graph)")
+    for preset in PRESETS:
+        rows = [r for r in results if r["preset"] == preset]
+        if not rows:
+            continue
+        print(
+            f"\n{preset.upper()}  | B  | S    | ours eager | ours graph | SDPA best eager | SDPA best graph"
+            " | speedup eager | speedup graph | floor  | floor/ours"
+        )
+        for r in rows:
+            eager = min((r.get(f"sdpa_{k}_us", math.inf) for k in SDPA_BACKENDS), default=math.inf)
+            graph = min((r.get(f"sdpa_{k}_graph_us", math.inf) for k in SDPA_BACKENDS), default=math.inf)
+            print(f"{'':6}| {r['B']:<2} | {r['S'] // 1024:>3}K |"
+                  f" {r['ours_us']:10.1f} | {r['ours_graph_us']:10.1f} |"
+                  f" {eager:15.1f} | {graph:15.1f} | {eager / r['ours_us']:13.2f} |"
+                  f" {graph / r['ours_graph_us']:13.2f} | {r['floor_us']:6.1f} |"
+                  f" {r['floor_us'] / r['ours_graph_us']:10.2f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="k4v4,k8v4")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {decode_module.CONFIG}")
+    if args.sweep:
+        sweep(copy_gbs, args.adopt_best)
+    results: list[dict] = []
+    for preset in args.presets.split(","):
+        run_preset(preset, copy_gbs, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_gbs": copy_gbs, "config": decode_module.CONFIG, "results": results}, f, indent=1)
+    print_tables(results, copy_gbs)
+
+
+if __name__ == "__main__":
+    main()

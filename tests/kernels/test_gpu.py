@@ -1,0 +1,105 @@
+"""GPU checks at realistic sizes (skipped without CUDA): the references, plus CUDA-graph capture/replay."""
+
+import pytest
+import torch
+from kernel_cases import BIT_PAIRS, codec, random_block_tables, random_cache, rel_err
+
+from tiercache.kernels import DecodeWorkspace, tq_decode_attention, tq_dequantize_blocks, tq_encode_store
+from tiercache.kernels.reference import decode_attention_reference
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+SHAPES = [(128, 16, 4), (64, 32, 8), (128, 32, 1)]
+
+
+def decode_case(k_bits, v_bits, head_dim, block_size, group, dtype, lens, heads=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    kc, vc = codec(head_dim, k_bits, 1), codec(head_dim, v_bits, 2)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 16
+    kp, kn = random_cache(num_blocks, block_size, heads, kc, gen, DEV)
+    vp, vn = random_cache(num_blocks, block_size, heads, vc, gen, DEV)
+    tables = random_block_tables(lens, block_size, num_blocks, gen).to(DEV)
+    query = (torch.randn(len(lens), heads * group, head_dim, generator=gen) * 2).to(DEV, dtype)
+    return query, kp, kn, vp, vn, tables, torch.tensor(lens, dtype=torch.int32, device=DEV), kc, vc
+
+
+@pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
+@pytest.mark.parametrize("head_dim,block_size,group", SHAPES)
+def test_decode_gpu(k_bits, v_bits, head_dim, block_size, group):
+    lens = [1, 17, 333, 4099]
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+        args = decode_case(k_bits, v_bits, head_dim, block_size, group, dtype, lens, seed=k_bits + group)
+        out = torch.full_like(args[0], float("nan"))
+        tq_decode_attention(*args, out=out)
+        ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= tol, dtype
+
+
+@pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_encode_dequantize_gpu(k_bits, v_bits, dtype):
+    kc, vc = codec(128, k_bits, 1), codec(128, v_bits, 2)
+    tokens, heads, block_size, num_blocks = 3000, 8, 16, 256
+    key = torch.randn(tokens, heads, 128, device=DEV).to(dtype)
+    value = torch.randn(tokens, heads, 128, device=DEV).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, device=DEV)[:tokens]
+    slots[::7] = -1
+    cache = [torch.full((num_blocks, block_size, heads, c.packed_dim), 0xA5, dtype=torch.uint8, device=DEV)
+             for c in (kc, vc)]  # fmt: skip
+    norms = [torch.full((num_blocks, block_size, heads), float("nan"), device=DEV) for _ in range(2)]
+    tq_encode_store(key, value, slots, cache[0], norms[0], cache[1], norms[1], kc, vc)
+    keep = slots >= 0
+    blocks, offsets = slots[keep] // block_size, slots[keep] % block_size
+    for x, c, packed, n in ((key, kc, cache[0], norms[0]), (value, vc, cache[1], norms[1])):
+        want_packed, want_norms = c.encode(x[keep])
+        differ = (packed[blocks, offsets] != want_packed).any(-1).float().mean().item()
+        assert differ < 2e-3  # only rows with a value within float rounding of a boundary
+        torch.testing.assert_close(n[blocks, offsets], want_norms, rtol=2e-6, atol=1e-30)
+        n.nan_to_num_(1.0)  # slots never written keep their poison; give them a finite norm
+        ids = torch.randperm(num_blocks, device=DEV)[:100].int()
+        for out_dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 8e-3)):
+            out = torch.full((100, block_size, heads, 128), float("nan"), device=DEV, dtype=out_dtype)
+            tq_dequantize_blocks(packed, n, ids, c, out)
+            ref = c.decode(packed[ids.long()], n[ids.long()], torch.float64)
+            assert rel_err(out, ref) <= tol
+
+
+def test_decode_cuda_graph_capture_and_replay():
+    longest = [900, 64, 3000]
+    args = decode_case(8, 4, 128, 16, 4, torch.bfloat16, longest, seed=9)
+    query = args[0]
+    ws = DecodeWorkspace.allocate(query, args[5], 16, 8)
+    out = torch.empty_like(query)
+    tq_decode_attention(*args, workspace=ws, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tq_decode_attention(*args, workspace=ws, out=out)
+    for _ in range(2):
+        query.copy_(torch.randn_like(query))
+        args[6].copy_(torch.tensor([int(torch.randint(1, n + 1, ())) for n in longest], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        want = tq_decode_attention(*args)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_encode_and_dequantize_cuda_graph():
+    kc = codec(128, 4, 0)
+    key = torch.randn(512, 8, 128, device=DEV, dtype=torch.bfloat16)
+    slots = torch.randperm(64 * 16, device=DEV)[:512]
+    packed = torch.zeros(64, 16, 8, kc.packed_dim, dtype=torch.uint8, device=DEV)
+    norms = torch.zeros(64, 16, 8, device=DEV)
+    ids = torch.arange(64, device=DEV, dtype=torch.int32)
+    out = torch.empty(64, 16, 8, 128, device=DEV, dtype=torch.bfloat16)
+    tq_encode_store(key, key, slots, packed, norms, packed, norms, kc, kc)
+    tq_dequantize_blocks(packed, norms, ids, kc, out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tq_encode_store(key, key, slots, packed, norms, packed, norms, kc, kc)
+        tq_dequantize_blocks(packed, norms, ids, kc, out)
+    key.copy_(torch.randn_like(key))
+    graph.replay()
+    want_packed, want_norms = kc.encode(key)
+    blocks, offsets = slots // 16, slots % 16
+    assert (packed[blocks, offsets] != want_packed).any(-1).float().mean().item() < 2e-3
+    assert rel_err(out[blocks, offsets], kc.decode(want_packed, want_norms, torch.float64)) < 1e-2
