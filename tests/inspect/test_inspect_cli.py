@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tiercache.cli import main
+from tiercache.config import InspectConfig
 from tiercache.inspect import InspectionService
 from tiercache.inspect import paths as inspect_paths
 
@@ -61,3 +62,17 @@ def test_no_service_says_what_to_do(short_dir, monkeypatch, capsys):
     assert "no tiercache inspection socket found" in err and "--socket PATH" in err
     assert main(["inspect", "--socket", str(short_dir / "missing.sock")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_list(lru_run, short_dir, monkeypatch, capsys):
+    monkeypatch.setattr(inspect_paths, "socket_dirs", lambda: [short_dir / "tiercache"])
+    inspect_paths.private_dir(short_dir / "tiercache")
+    assert main(["inspect", "--list"]) == 1
+    assert "no live inspection sockets" in capsys.readouterr().err
+    with InspectionService.start(InspectConfig(socket="auto"), lru_run.state) as service:
+        assert main(["inspect", "--list"]) == 0
+        out = capsys.readouterr().out
+        assert str(service.path) in out and "lru" in out
+        assert main(["inspect", "--list", "--json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert row["socket"] == str(service.path) and row["evictions"] > 0

@@ -1,6 +1,7 @@
 """`tiercache inspect`: tier occupancy, hit rates and the latest decisions of a running tiercache.
 
     tiercache inspect [--socket PATH] [--decisions N] [--blocks N] [--explain HASH] [--json]
+    tiercache inspect --list [--json]     the live sockets (one engine each), newest first
 
 Without --socket it finds the newest live socket (see tiercache.inspect.paths). --json prints the same
 content as one JSON object (block hashes as hex). Exit status 1 with a message saying what to do when no
@@ -24,11 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain", metavar="HASH", help="why a block is where it is (hex, or a prefix)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per request (5)")
+    parser.add_argument("--list", action="store_true", help="list the live inspection sockets and exit")
 
 
 def run(args: argparse.Namespace) -> int:
     from tiercache.inspect import InspectError, connect
 
+    if args.list:
+        return _list(args)
     try:
         with connect(args.socket, timeout=args.timeout) as client:
             report = {"where": client.where, "stats": client.stats()}
@@ -43,6 +47,33 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_plain(report), indent=2))
     else:
         print(render(report))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from tiercache.inspect import InspectError, connect
+    from tiercache.inspect.paths import live_sockets, socket_dirs
+
+    sockets = live_sockets()
+    if not sockets:
+        looked = ", ".join(str(d) for d in socket_dirs())
+        print(f"tiercache inspect: no live inspection sockets in {looked}", file=sys.stderr)
+        return 1
+    rows = []
+    for path in sockets:
+        try:
+            with connect(path, timeout=args.timeout) as client:
+                s = client.stats()
+            rows.append((str(path), s.pid, s.policy, s.blocks, s.hit_rate, s.evictions))
+        except InspectError as exc:
+            rows.append((str(path), None, None, None, None, f"not answering: {exc}"))
+    if args.json:
+        keys = ("socket", "pid", "policy", "blocks", "hit_rate", "evictions")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
+    else:
+        rows = [(*row[:4], _pct(row[4]), row[5]) for row in rows]
+        rows = [tuple("" if cell is None else cell for cell in row) for row in rows]
+        print("\n".join(_table(("SOCKET", "PID", "POLICY", "BLOCKS", "HIT RATE", "EVICTIONS"), rows)))
     return 0
 
 

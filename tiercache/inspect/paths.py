@@ -10,6 +10,7 @@ Provides:
     write_pointer(sock_path) / clear_pointer(sock_path)   the dir's `latest` file names the newest socket
     discover() -> Path | None                 $TIERCACHE_INSPECT_SOCKET, else each dir's `latest` if its
                                               process is alive, else its newest live tiercache-<pid>.sock
+    live_sockets() -> list[Path]              every live socket there, newest first (tiercache inspect --list)
     check_socket_path(path)                   raise (saying what to do) for paths a socket cannot bind to
 """
 
@@ -127,19 +128,40 @@ def discover() -> Path | None:
     return None
 
 
+def live_sockets() -> list[Path]:
+    """Every live tiercache socket in the socket directories, newest first."""
+    found = []
+    for directory in socket_dirs():
+        if _own_dir(directory):
+            live = [p for p in directory.glob("tiercache-*.sock") if _alive_socket(p)]
+            found += sorted(live, key=_mtime, reverse=True)
+    return found
+
+
 def _in_dir(directory: Path) -> Path | None:
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+    if not _own_dir(directory):
         return None  # someone else's directory: never follow it
     with contextlib.suppress(OSError):
         path = Path((directory / POINTER).read_text().strip())
         if path.parent == directory and _alive_socket(path):
             return path
     live = [p for p in directory.glob("tiercache-*.sock") if _alive_socket(p)]
-    return max(live, key=lambda p: p.stat().st_mtime, default=None)
+    return max(live, key=_mtime, default=None)
+
+
+def _own_dir(directory: Path) -> bool:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _alive_socket(path: Path) -> bool:
