@@ -248,3 +248,33 @@ def test_a_forked_child_leaves_the_parents_socket_alone(lru_run, short_dir):
         assert service.path.exists()
         with connect(service.path) as client:
             assert client.ping()["pid"] == os.getpid()
+
+
+def test_wiring_as_documented_for_the_connector(short_dir):
+    """The calls the package docstring gives the connector, in order, with a real config."""
+    from tiercache.config import TierCacheConfig
+    from tiercache.manager import TierManager
+
+    config = TierCacheConfig.from_dict({"inspect": {"socket": str(short_dir / "w.sock")}})
+    manager = TierManager(4, 4, "codec-A")
+    state = InspectionState()
+    service = InspectionService.start(config.inspect, state)
+    try:
+        for i in range(20):  # scheduler steps
+            out = manager.prepare_store([bytes([i]) * 32])
+            manager.complete_store(out.block_hashes)
+            for job in manager.take_jobs():
+                manager.complete_transfer(job.job_id)
+            state.record(manager.take_events())
+            state.publish(manager)
+        state.record_tokens(loaded=32, recomputed=96)
+        state.publish(manager, force=True)
+        with connect(service.path) as client:
+            stats = client.stats()
+            assert stats.stores == 20 and stats.evictions > 0 and stats.token_hit_rate == 0.25
+            assert client.decisions(limit=1)[0].policy == "lru"
+    finally:
+        service.close()
+        manager.close()
+        state.close()
+    assert not service.path.exists()

@@ -37,10 +37,9 @@ def explain(manager, snap: Snapshot, key: bytes | str) -> dict[str, Any]:
         "decisions": decisions[:MAX_BLOCK_DECISIONS],
     }
     if entry is not None:
-        now = manager.clock()
-        block = block_record(entry)
-        block["stored_age_s"] = now - block.pop("stored_at")
-        block["idle_s"] = now - block.pop("last_access")
+        block = block_record(entry)  # ages via the snapshot's clocks: never call manager.clock() here
+        block["stored_age_s"] = snap.age_of(block.pop("stored_at"))
+        block["idle_s"] = snap.age_of(block.pop("last_access"))
         out["block"] = block
     advisor = getattr(getattr(manager, "policy", None), "advisor", None)
     if advisor is not None:
