@@ -39,7 +39,7 @@ BAD_REQUESTS = [
     ({"method": "explain", "params": {"block_hash": b""}}, "block_hash: expected bytes or a hex string"),
     ({"method": "explain", "params": {"block_hash": "abc"}}, "odd number of hex digits"),
     ({"v": 99, "method": "stats"}, "protocol version 99 is newer"),
-    ({"v": "1", "method": "stats"}, "protocol version '1'"),
+    ({"v": "1", "method": "stats"}, "v: expected protocol version 1 (an integer)"),
 ]
 
 

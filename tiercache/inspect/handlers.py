@@ -5,9 +5,10 @@ Provides:
     handle(state, request) -> dict       {"ok": True, "result": …} or {"ok": False, "error": "…"}; no raise
     decision_dict(event, snapshot)       one kept TierEvent in the uniform decision shape
 
-Every answer except `explain` comes from the state's published Snapshot (immutable). `explain` also does a
-point read of the live manager: one dict lookup in its index plus the graph advisor's lock-free `explain`
-(atomic reads under the GIL; a block moving at that instant may show fields from adjacent steps).
+Every answer except `explain` comes from the state's published Snapshot (immutable). `explain` also does
+point reads of live state (see explain.py): one dict lookup in the manager's index (its entry's fields are
+read without a lock: a block moving at that instant may show fields from adjacent steps) and one block's
+graph counters under the graph's own lock.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def handle(state: InspectionState, request: Any) -> dict[str, Any]:
                 f"request must be a map {{'method': str, 'params': map}}, got {type(request).__name__}"
             )
         version = request.get("v", PROTOCOL_VERSION)
-        if not isinstance(version, int) or isinstance(version, bool) or version > PROTOCOL_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool):
+            wanted = f"protocol version {PROTOCOL_VERSION} (an integer)"
+            raise RequestError(f"v: expected {wanted}, got {version!r}")
+        if version > PROTOCOL_VERSION:
             raise RequestError(
                 f"protocol version {version!r} is newer than this server's ({PROTOCOL_VERSION}); use the "
                 "tiercache version of the engine's environment to inspect it"
@@ -54,7 +58,7 @@ def handle(state: InspectionState, request: Any) -> dict[str, Any]:
     except RequestError as exc:
         return {"ok": False, "error": str(exc)}
     except Exception as exc:  # a bug here must not take the service (or the scheduler) down
-        logger.exception("tiercache inspect: request %r failed", request)
+        logger.exception("tiercache inspect: request %.200r failed", request)
         return {"ok": False, "error": f"internal error ({type(exc).__name__}: {exc}); please report it"}
 
 

@@ -2,7 +2,8 @@
 as immutable snapshots that the server thread reads without locks.
 
 Provides:
-    InspectionState(max_decisions=1000, max_blocks=256, max_ttft=10_000, bytes_per_block=None)
+    InspectionState(max_decisions=1000, max_blocks=256, max_ttft=10_000, bytes_per_block=None,
+                    min_interval=0.1)       bytes_per_block: {"vram": n, "dram": n} adds bytes to tiers()
         record(events)                      scheduler thread, every step: counters + recent decisions (cheap:
                                             a few dict increments per event; decisions are kept as the
                                             frozen events themselves, converted only when someone asks)
