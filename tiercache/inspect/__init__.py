@@ -17,7 +17,7 @@ Wiring (scheduler side of the connector; all calls on the scheduler thread)::
     state = InspectionState()                                        # once, next to the TierManager
     service = InspectionService.start(config.inspect, state)         # None when inspect.socket is "off"
     ...
-    events = manager.take_events()                                   # every step (the connector drains)
+    events = manager.take_events()                                   # wherever the connector drains them
     state.record(events)                                             # cheap: counters + a bounded ring
     state.publish(manager)                                           # every step; rate-limits itself to
                                                                      # one snapshot per 100 ms
@@ -34,10 +34,10 @@ $XDG_RUNTIME_DIR/tiercache/tiercache-<pid>.sock or /tmp/tiercache-$UID/tiercache
 directory's `latest` file names it; `connect()` and `tiercache inspect` find it there.
 
 Threads: the server thread reads only published snapshots (immutable), except `explain`, which point-reads
-one index entry and one block of the graph (under the graph's lock, with a 50 ms timeout). It never blocks
-the scheduler. In one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state
-directly: same methods, same types; called from the scheduler's own thread it publishes first, so nothing
-recorded is missed.
+one index entry and one block of the graph (under the graph's lock, with a 50 ms timeout). The scheduler
+never waits on the service, except for the microseconds an explain holds the graph's lock. In one process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state directly: same methods, same types;
+called from the scheduler's own thread it publishes first, so nothing recorded is missed.
 """
 
 from tiercache.inspect.client import InspectClient, connect

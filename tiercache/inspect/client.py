@@ -1,7 +1,8 @@
 """The inspection client: the same typed API over a Unix socket or on this process's live state.
 
 Provides:
-    connect(path=None, *, in_process=None, timeout=5.0) -> InspectClient
+    connect(path=None, *, in_process=None, state=None, timeout=5.0) -> InspectClient
+        state given: bound to that InspectionState (in-process).
         path given: that socket. in_process=True: this process's newest live InspectionState (single-process
         vLLM, tests, notebooks). Neither: $TIERCACHE_INSPECT_SOCKET, else a live in-process state, else the
         socket discovery of paths.py (`latest` pointer, newest live socket); InspectError says where
