@@ -4,6 +4,7 @@ socket paths, auto discovery, shutdown."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import tempfile
 import threading
@@ -278,3 +279,18 @@ def test_wiring_as_documented_for_the_connector(short_dir):
         manager.close()
         state.close()
     assert not service.path.exists()
+
+
+def test_peers_of_another_user_are_refused(served, monkeypatch):
+    _, service = served
+    from tiercache.inspect import server
+
+    monkeypatch.setattr(server, "_peer_uid", lambda sock: os.getuid() + 4242)  # someone else, not root
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(service.path))
+    assert sock.recv(16) == b""  # closed without an answer
+    sock.close()
+    monkeypatch.undo()
+    with connect(service.path) as client:
+        assert client.ping()["pid"] == os.getpid()

@@ -7,9 +7,10 @@ Provides:
 
 One thread, one selector: non-blocking sockets, per-connection buffers, no request ever waits for another
 connection or for the scheduler (answers come from the published snapshot; see handlers.py). Requests are
-answered in order. A bad request (not msgpack, wrong types, unknown method) gets an error reply and the
-connection stays usable; a length prefix over MAX_REQUEST_BYTES gets an error reply and the connection is
-closed (the stream cannot be resynchronized). A partial frame idle for `read_timeout` seconds, a connection
+answered in order. Peers of another user (SO_PEERCRED; root excepted) are refused. A bad request (not
+msgpack, wrong types, unknown method) gets an error reply and the connection stays usable; a length prefix
+over MAX_REQUEST_BYTES gets an error reply and the connection is closed (the stream cannot be
+resynchronized). A partial frame idle for `read_timeout` seconds, a connection
 idle for `idle_timeout`, and connections beyond `max_connections` are closed.
 """
 
@@ -22,6 +23,7 @@ import os
 import selectors
 import socket
 import stat
+import struct
 import tempfile
 import threading
 import time
@@ -158,6 +160,9 @@ class InspectionService:
             sock, _ = self._listener.accept()
         except OSError:
             return
+        if not _peer_allowed(sock):
+            sock.close()
+            return
         sock.setblocking(False)
         conn = _Conn(sock)
         if len(self._conns) >= self.max_connections:
@@ -234,6 +239,27 @@ class InspectionService:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._sel.unregister(conn.sock)
         conn.sock.close()
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    """The connecting process's uid (Linux SO_PEERCRED); None where the platform cannot tell."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _peer_allowed(sock: socket.socket) -> bool:
+    """Defense in depth behind mode 0600: only this user (or root) may ask."""
+    try:
+        uid = _peer_uid(sock)
+    except OSError:
+        return False
+    if uid is None or uid in (os.getuid(), 0):
+        return True
+    logger.warning("tiercache: inspection connection from uid %d refused (serving uid %d)", uid, os.getuid())
+    return False
 
 
 def _listen(path: Path) -> socket.socket:
