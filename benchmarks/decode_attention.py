@@ -111,15 +111,11 @@ def sweep(copy_gbs: float, adopt: bool) -> None:
     shapes = [(1, 32768), (16, 32768), (64, 8192)]
     cases = {s: Case(*s, 4, 4, dense=False) for s in shapes}
     base = dict(decode_module.CONFIG)
-    reshape = {**base, "layout": "reshape", "num_warps": 4}
+    reshape = {**base, "layout": "reshape", "num_warps": 4, "num_stages": 1}
     configs = [
-        {**reshape, "tile": tile, "num_stages": stages, "programs_per_sm": pps}
-        for tile in (32, 64) for stages in (1, 2) for pps in (2, 4)
+        {**reshape, "tile": tile, "rotate_in_split": rot, "programs_per_sm": pps}
+        for tile, pps in ((32, 2), (64, 2), (64, 4)) for rot in (False, True)
     ]  # fmt: skip
-    configs += [{**reshape, "tile": 64, "num_warps": 8, "num_stages": 1, "programs_per_sm": 2}]
-    configs += [
-        {**base, "layout": "natural", "tile": t, "num_stages": 1, "programs_per_sm": 4} for t in (32, 64)
-    ]
     best, best_score = base, math.inf
     print("\nsweep (K4V4, graph µs):", "  ".join(f"{b}x{s // 1024}K" for b, s in shapes))
     for config in configs:
@@ -141,6 +137,22 @@ def sweep(copy_gbs: float, adopt: bool) -> None:
     print(f"  best (geometric mean): {best}; tables use {decode_module.CONFIG}")
     floors = [c.tq_bytes / copy_gbs / 1e3 for c in cases.values()]
     print("  floor:", " ".join(f"{f:8.1f}" for f in floors))
+
+
+def breakdown() -> None:
+    """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at (1, 4K) and (16, 32K)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for shape in ((1, 4096), (16, 32768)):
+        case = Case(*shape, 4, 4, dense=False)
+        case.ours()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                case.ours()
+            torch.cuda.synchronize()
+        print(f"\nbreakdown {shape} (20 calls):")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=40))
 
 
 def print_tables(results: list[dict], copy_gbs: float) -> None:
@@ -170,12 +182,15 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_gbs = copy_bandwidth_gbs()
     print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {decode_module.CONFIG}")
     if args.sweep:
         sweep(copy_gbs, args.adopt_best)
+    if args.breakdown:
+        breakdown()
     results: list[dict] = []
     for preset in args.presets.split(","):
         run_preset(preset, copy_gbs, results)

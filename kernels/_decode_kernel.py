@@ -1,14 +1,17 @@
 """Triton kernels: fused paged decode attention over TurboQuant K/V, in the rotated domain.
 
 _rotate_query_kernel, grid (B·H,): q·Πᵀ·scale·log2 e once per query head (IEEE f32), stored in the
-operand dtype.
+operand dtype (used when the split kernel does not rotate its queries itself, ROTATE_Q=False).
 _decode_split_kernel, grid (B·H, S): one program per (sequence, kv head, split) walks its share of the
 context in tiles of TILE tokens: each K/V byte is read once for all G query heads, which form the M
 dimension of the dots. Scores are γᵏ·⟨Πq, c[idx]⟩; values enter as c[idx] with γᵛ folded into the
-probabilities. The raw bytes of the next tile are loaded while the current one is computed. Writes the
-normalised partial output (acc / l) and its base-2 log-sum-exp.
+probabilities. The raw bytes of the next tile are loaded while the current one is computed (PREFETCH).
+Tiles are dequantized either in field-major order (FIELD_MAJOR: shifts, one codebook lookup per index,
+[TILE, PG, NG] → [TILE, D]; the permutation is folded into the rotations) or in natural order (byte LUTs
+for 2/4/8-bit, fields interleaved with joins). Writes the normalised partial output and its base-2
+log-sum-exp.
 _decode_merge_kernel, grid (B·H,): merges the S partials by their log-sum-exps and rotates the result back
-once (· Π), writing the output in the query dtype.
+once (· Π, or Π[perm, :] for field-major partials), writing the output in the query dtype.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def _rotate_query_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    qr_ptr,  # rotated, scaled query [B, Hq, D] in the operand dtype (contiguous)
+    qr_ptr,  # rotated, scaled query [B, Hq, D] in the operand dtype (contiguous), unless ROTATE_Q
+    q_ptr, sq_b, sq_h, rq_ptr, qk_scale,  # ROTATE_Q: raw query [B, Hq, D] and Πᵀ[:, perm] [D, D] f32
     kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
     vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
     ktab_ptr, vtab_ptr,  # byte LUTs (K_LUT / V_LUT) or codebooks in the operand dtype
@@ -51,6 +55,7 @@ def _decode_split_kernel(
     H, Hq, G, S, split_tokens,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, FIELD_MAJOR: tl.constexpr,
+    ROTATE_Q: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr, K_LUT: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr, V_LUT: tl.constexpr,
 ):  # fmt: skip
@@ -64,8 +69,14 @@ def _decode_split_kernel(
     gmask = g < G
     d = tl.arange(0, D)
     heads = h * G + g
-    q_rows = (b * Hq + heads).to(tl.int64) * D
-    q = tl.load(qr_ptr + q_rows[:, None] + d[None, :], mask=gmask[:, None], other=0.0)  # [GP, D]
+    if ROTATE_Q:  # every split rotates its G query heads itself (saves a launch)
+        q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None], other=0.0)
+        rq = tl.load(rq_ptr + d[:, None] * D + d[None, :])
+        q = tl.dot(q.to(tl.float32), rq, input_precision="ieee") * qk_scale
+        q = q.to(qr_ptr.dtype.element_ty)
+    else:
+        q_rows = (b * Hq + heads).to(tl.int64) * D
+        q = tl.load(qr_ptr + q_rows[:, None] + d[None, :], mask=gmask[:, None], other=0.0)  # [GP, D]
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)

@@ -29,12 +29,13 @@ from .reference import decode_attention_reference
 
 # Launch configuration, one for every shape (benchmarks/decode_attention.py sweeps it).
 CONFIG = {
-    "layout": "reshape",
-    "tile": 32,
+    "layout": "reshape",  # also "natural" (natural order, byte LUTs) and "fields" (batched per-field dots)
+    "tile": 64,
     "programs_per_sm": 2,
     "num_warps": 4,
     "num_stages": 1,
     "prefetch": True,
+    "rotate_in_split": True,  # each split rotates its queries (one launch fewer) vs a separate launch
 }
 _LOG2E = 1.4426950408889634
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
@@ -127,10 +128,13 @@ def tq_decode_attention(
     if CONFIG["layout"] == "reshape":
         k_lut = v_lut = False
         ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
-    _rotate_query_kernel[(batch * num_kv_heads,)](
-        q, q.stride(0), q.stride(1), kt.rot_t_perm if fields else kt.rot_t, q_rot,
-        num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
-    )  # fmt: skip
+    rot_q = kt.rot_t_perm if fields else kt.rot_t
+    rotate_in_split = CONFIG["rotate_in_split"] and CONFIG["layout"] != "fields"
+    if not rotate_in_split:
+        _rotate_query_kernel[(batch * num_kv_heads,)](
+            q, q.stride(0), q.stride(1), rot_q, q_rot,
+            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
+        )  # fmt: skip
     if CONFIG["layout"] == "fields":
         k_lut, v_lut = k_lut and kt.per_group > 1, v_lut and vt.per_group > 1
         ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
@@ -151,14 +155,14 @@ def tq_decode_attention(
         )  # fmt: skip
     else:
         LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
-            q_rot,
+            q_rot, q, q.stride(0), q.stride(1), rot_q, scale * _LOG2E,
             k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
             v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
             ktab, vtab, block_tables, *block_tables.stride(), context_lens,
             workspace.partial_out, workspace.partial_lse,
             num_kv_heads, num_q_heads, group, splits, split_tokens,
             BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
-            PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields,
+            PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
             K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
             V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
             num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],

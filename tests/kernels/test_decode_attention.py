@@ -5,6 +5,7 @@ import torch
 from kernel_cases import BIT_PAIRS, codec, random_block_tables, random_cache, rel_err
 
 from tiercache.kernels import DecodeWorkspace, tq_decode_attention
+from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.reference import decode_attention_reference
 
 CONTEXT_LENS = [1, 17, 333]
@@ -62,3 +63,19 @@ def test_decode_rejects_bad_gqa():
     args[0] = torch.randn(1, 3, 64)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         tq_decode_attention(*args)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"layout": "natural"}, {"layout": "fields"}, {"layout": "reshape", "rotate_in_split": False}],
+)
+@pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4)])
+def test_decode_launch_variants(monkeypatch, config, k_bits, v_bits):
+    """Every tile layout the launcher can select computes the same attention (f32 and bf16)."""
+    for key, value in config.items():
+        monkeypatch.setitem(decode_module.CONFIG, key, value)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        args = make_case(k_bits, v_bits, 64, 16, 4, dtype, seed=21, lens=[1, 17, 70])
+        out = tq_decode_attention(*args)
+        ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= tol
