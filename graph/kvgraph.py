@@ -107,9 +107,9 @@ class KVCacheGraph:
             p = self._slot.get(parent_hash, -1) if parent_hash is not None else -1
             self._leaf_in[block_hash] = t
             if p >= 0:
-                tb.parent[s], tb.parent_uid[s] = p, tb.uid[p]
-                tb.children[p, t] += 1
-                tb.branches[p] += 1
+                tb.parent[s], tb.parent_uid[s] = p, tb.uid.item(p)
+                tb.children[p, t] = tb.children.item(p, t) + 1
+                tb.branches[p] = tb.branches.item(p) + 1
                 tb.chain_hits[s] = self._inherited(p)
                 self._bump(parent_hash, block_hash, "temporal")
                 self._update_leaf(p)
@@ -117,19 +117,21 @@ class KVCacheGraph:
     def on_hit(self, block_hash: Hashable, request_id: Hashable | None = None) -> None:
         s = self._slot[block_hash]
         with self.lock:
-            tb = self.table
-            tb.hits[s] += 1
+            tb = self.table  # scalar reads through .item(): numpy scalars cost more than the work here
+            hits = tb.hits.item(s) + 1
+            tb.hits[s] = hits
             rid = hash(request_id)
-            new_request = request_id is None or rid != tb.last_request[s]
+            new_request = request_id is None or rid != tb.last_request.item(s)
             tb.last_request[s] = rid
-            tb.requests[s] += new_request
+            requests = tb.requests.item(s) + new_request
+            tb.requests[s] = requests
             p = tb.live_parent(s)
-            if p >= 0 and tb.hits[s] == 1:
-                tb.branches_hit[p] += 1
-            tb.chain_hits[s] = max(float(tb.chain_hits[s]), float(tb.hits[s]), self._inherited(p))
+            if p >= 0 and hits == 1:
+                tb.branches_hit[p] = tb.branches_hit.item(p) + 1
+            tb.chain_hits[s] = max(tb.chain_hits.item(s), hits, self._inherited(p))
             self._touch(s, block_hash)
-            if new_request and p >= 0 and tb.requests[s] >= 2:
-                self._set(self._hashes[p], block_hash, "prefix_share", int(tb.requests[s]))
+            if new_request and p >= 0 and requests >= 2:
+                self._set(self._hashes[p], block_hash, "prefix_share", requests)
 
     def on_step(self, hashes_used_together: Iterable[Hashable]) -> None:
         known = [h for h in hashes_used_together if h in self._slot][: self.max_co_attend]
@@ -282,7 +284,8 @@ class KVCacheGraph:
         tb = self.table
         if p < 0:
             return 0.0
-        if tb.children[p].sum() > 1 or self.weights.is_protected(tb.source.item(p)):
+        kids = sum(tb.children.item(p, i) for i in range(len(self.tiers)))
+        if kids > 1 or self.weights.is_protected(tb.source.item(p)):
             n = tb.branches.item(p)
             return tb.branches_hit.item(p) / n if n else 0.0
         return float(tb.chain_hits.item(p))
@@ -290,11 +293,11 @@ class KVCacheGraph:
     def _update_leaf(self, s: int) -> None:
         tb = self.table
         t = tb.tier.item(s)
-        leaf = not tb.children[s, : t + 1].any()
+        leaf = not any(tb.children.item(s, i) for i in range(t + 1))
         self._leaf_in[self._hashes[s]] = t if leaf else -1
 
     def _touch(self, s: int, block_hash: Hashable) -> None:
-        tb, t = self.table, int(self.table.tier[s])
+        tb, t = self.table, self.table.tier.item(s)
         tb.last_access[s] = self.clock()
         tb.tick[s] = self._stores[t]
         self._lru[t].move_to_end(block_hash)

@@ -68,7 +68,7 @@ class BlockTable:
         self.capacity = capacity
 
     def alloc(self) -> int:
-        """A fresh slot with a new uid; other columns zeroed."""
+        """A fresh slot with a new uid; its counters are zero."""
         if self._free:
             slot = self._free.pop()
         else:
@@ -76,9 +76,7 @@ class BlockTable:
                 self._alloc_columns(2 * self.capacity)
             slot = self.high
             self.high += 1
-        for name in COLUMNS:
-            getattr(self, name)[slot] = 0
-        self.children[slot] = 0
+        # Counters are already zero: fresh columns are zeros and free() zeroes what it recycles.
         self.parent[slot] = -1
         self.uid[slot] = self._next_uid
         self._next_uid += 1
@@ -93,8 +91,8 @@ class BlockTable:
 
     def live_parent(self, slot: int) -> int:
         """The parent slot if the parent this block was linked to is still stored, else -1."""
-        p = int(self.parent[slot])
-        if p >= 0 and self.uid[p] == self.parent_uid[slot]:
+        p = self.parent.item(slot)
+        if p >= 0 and self.uid.item(p) == self.parent_uid.item(slot):
             return p
         return -1
 
