@@ -83,8 +83,12 @@ class ConnectorScheduler:
         count = num_external_tokens // self.block_size
         hashes = list(request.block_hashes[first : first + count])
         ids = block_ids[first : first + count]
-        self.manager.lookup(hashes)  # once per admitted request: hit events for the policy and inspection
-        out = self.manager.prepare_load(hashes)
+        try:
+            self.manager.lookup(hashes)  # once per admitted request: hit events for the policy and inspection
+            out = self.manager.prepare_load(hashes)
+        except Exception:
+            logger.exception("tiercache: prepare_load failed; %d blocks will be recomputed", len(hashes))
+            out = None
         if out is None:  # changed since the lookup: the workers report these as load errors → recompute
             self._loads += [[h, "", -1, b] for h, b in zip(hashes, ids, strict=True)]
         else:
@@ -94,7 +98,7 @@ class ConnectorScheduler:
     # ------------------------------------------------------------------ per step
     def build_meta(self, scheduler_output) -> TierCacheMetadata:
         step, self._step = self._step, self._step + 1
-        loads, self._loads = self._loads, []
+        loads = self._loads  # cleared only once this metadata is complete (failed_meta refuses them otherwise)
         wanted: dict[bytes, int] = {}
         for req_id, num_computed, new_ids, resumed in _scheduled(scheduler_output):
             state = self._requests.get(req_id)
@@ -117,8 +121,17 @@ class ConnectorScheduler:
                 stores = [[h, t, s, wanted[h]] for h, t, s in placed]
         jobs = [job.to_dict() for job in self.manager.take_jobs()]
         self._in_flight[step] = ([s[0] for s in stores], [(x[0], bool(x[1])) for x in loads])
+        self._loads = []
         self._drain_events()
         return TierCacheMetadata(step, loads, stores, jobs)
+
+    def failed_meta(self) -> TierCacheMetadata:
+        """Metadata after build_meta failed: no stores or jobs; the queued loads go out refused, so the
+        workers report them as load errors (vLLM recomputes) and their pins are released as failed."""
+        step, self._step = self._step, self._step + 1
+        loads, self._loads = self._loads, []
+        self._in_flight[step] = ([], [(x[0], bool(x[1])) for x in loads])
+        return TierCacheMetadata(step, [[x[0], "", -1, x[3]] for x in loads], [], [])
 
     def on_worker_meta(self, meta: TierCacheWorkerMeta | None) -> None:
         if meta is None:

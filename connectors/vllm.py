@@ -91,7 +91,11 @@ class TierCacheConnector(KVConnectorBase_V1):
         self.scheduler.after_alloc(request, list(blocks.get_block_ids()[0]), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> TierCacheMetadata:
-        return self.scheduler.build_meta(scheduler_output)
+        try:
+            return self.scheduler.build_meta(scheduler_output)
+        except Exception:
+            logger.exception("tiercache: building connector metadata failed; this step stores nothing")
+            return self.scheduler.failed_meta()
 
     def update_connector_output(self, connector_output) -> None:
         try:

@@ -88,9 +88,9 @@ def prompt(prefix: int, suffix: int, prefix_blocks: int = 5, suffix_len: int = 2
     return head + " " + words_prompt(prefix * 1000 + 50 * suffix + 1, suffix_len)
 
 
-SHARED = {name: (prompt(i, 0), prompt(i, 1)) for i, name in enumerate(
-    ["exact", "negative", "bad_codec_id", "failed_load", "failed_transfer", "codec", "multiprocess"], start=1
-)}  # fmt: skip
+NAMES = ["exact", "negative", "bad_codec_id", "failed_load", "failed_transfer", "codec", "multiprocess"]
+NAMES += ["scheduler_error"]
+SHARED = {name: (prompt(i, 0), prompt(i, 1)) for i, name in enumerate(NAMES, start=1)}
 SPILL_FIRST = [prompt(20 + i, 0) for i in range(6)]  # 6 prefixes × 6 blocks ≫ an 8-block VRAM tier
 SPILL_AGAIN = [prompt(20, 1), prompt(21, 1)]
 ALL_PROMPTS = [p for pair in SHARED.values() for p in pair] + SPILL_FIRST + SPILL_AGAIN

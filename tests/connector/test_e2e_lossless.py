@@ -142,3 +142,21 @@ def test_failed_spill_keeps_block_and_output(llm, baseline, monkeypatch):
     got, cached = run(llm, [second])
     assert got == [baseline[second]] and cached == [PREFIX_BLOCKS * BLOCK]
     sched.manager.check()
+
+
+def test_scheduler_error_is_recomputed(llm, baseline, monkeypatch):
+    """An exception while building a step's metadata: that step's loads go out refused, vLLM recomputes."""
+    first, second = SHARED["scheduler_error"]
+    sched = scheduler_side(llm)
+    run(llm, [first])
+    failures = sched.counters["load_failures"]
+
+    def broken():
+        raise RuntimeError("injected: take_jobs failed")
+
+    monkeypatch.setattr(sched.manager, "take_jobs", broken)  # called by every build_meta
+    got, _ = run(llm, [second])
+    monkeypatch.undo()
+    assert got == [baseline[second]]
+    assert sched.counters["load_failures"] >= failures + PREFIX_BLOCKS
+    sched.manager.check()

@@ -1,0 +1,137 @@
+"""Connector I/O: save (encode vLLM blocks into the VRAM tier) and load (decode tier blocks into a bf16 paged
+cache) through the connector's worker code path, against a plain bf16 block copy of the same blocks.
+
+    python benchmarks/connector_io.py                      # GPU: 1024 blocks × 32 layers × 8 KV heads × d128
+    python benchmarks/connector_io.py --tiny               # CPU smoke: 64 blocks × 2 layers × 2 heads × d64
+
+Path measured: ConnectorWorker.finish_step (stores: gather the blocks from vLLM's cache, encode — the Triton
+tq_encode_store on CUDA —, write the VRAM pool, record provenance) and ConnectorWorker.start_step (loads:
+check provenance, read the pool, decode — tq_dequantize_blocks on CUDA — and scatter into vLLM's blocks).
+The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
+blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
+the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from tiercache.config import TierCacheConfig
+from tiercache.connectors.common import Geometry
+from tiercache.connectors.metadata import TierCacheMetadata
+from tiercache.connectors.worker import ConnectorWorker
+
+
+def timed(fn, device: torch.device, repeat: int) -> float:
+    fn()  # warm-up (Triton compilation, allocator)
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_codec(codec: str, caches: dict, geometry: Geometry, blocks: int, repeat: int) -> dict[str, float]:
+    config = TierCacheConfig.from_dict(
+        {
+            "codec": codec,
+            "tiers": {
+                "vram": f"{blocks * geometry.block_size} tokens",
+                "dram": f"{geometry.block_size} tokens",
+            },
+        }
+    )
+    worker = ConnectorWorker(config, geometry)
+    worker.register(caches, dict.fromkeys(caches, "FLASH_ATTN"))
+    device = worker.k_views[0].device
+    hashes = [i.to_bytes(32, "little") for i in range(blocks)]
+    src_ids = list(range(blocks))  # vLLM blocks saved …
+    dst_ids = list(range(blocks, 2 * blocks))  # … and loaded back into other blocks
+    save = TierCacheMetadata(
+        0, stores=[[h, "vram", i, b] for i, (h, b) in enumerate(zip(hashes, src_ids, strict=True))]
+    )
+    load = TierCacheMetadata(
+        1, loads=[[h, "vram", i, b] for i, (h, b) in enumerate(zip(hashes, dst_ids, strict=True))]
+    )
+    t_save = timed(lambda: worker.finish_step(save), device, repeat)
+    t_load = timed(lambda: worker.start_step(load), device, repeat)
+    report = worker.take_report()
+    assert report is not None and all(all(s[1]) and all(s[2]) for s in report.steps), "a save or load failed"
+    assert not worker.take_load_errors()
+    pool_bytes = worker.layout.block_bytes * blocks
+    return {"save": t_save, "load": t_load, "pool_bytes": pool_bytes}
+
+
+def bench_copy(caches: dict, blocks: int, repeat: int) -> dict[str, float]:
+    device = next(iter(caches.values())).device
+    src = torch.arange(blocks, device=device)
+    dst = torch.arange(blocks, 2 * blocks, device=device)
+    pool = {name: c.index_select(0, src) for name, c in caches.items()}
+
+    def save() -> None:
+        for name, c in caches.items():
+            torch.index_select(c, 0, src, out=pool[name])
+
+    def load() -> None:
+        for name, c in caches.items():
+            c.index_copy_(0, dst, pool[name])
+
+    return {"save": timed(save, device, repeat), "load": timed(load, device, repeat)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="small CPU-friendly shape")
+    parser.add_argument("--blocks", type=int)
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--codecs", nargs="+", default=["tq4", "k8v4"])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    tiny = args.tiny or not torch.cuda.is_available()
+    blocks = args.blocks or (64 if tiny else 1024)
+    layers = args.layers or (2 if tiny else 32)
+    heads = args.heads or (2 if tiny else 8)
+    head_dim = args.head_dim or (64 if tiny else 128)
+    bs = args.block_size
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    names = tuple(f"model.layers.{i}.self_attn.attn" for i in range(layers))
+    geometry = Geometry(names, heads, head_dim, bs, torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(0)
+    caches = {  # logical [NB, H, BS, 2·D] over physical NHD [NB, BS, H, 2·D]
+        n: torch.randn(2 * blocks, bs, heads, 2 * head_dim, generator=gen, device=device)
+        .to(torch.bfloat16)
+        .transpose(1, 2)
+        for n in names
+    }
+    bf16_bytes = blocks * layers * bs * heads * head_dim * 2 * 2
+    shape = f"{blocks} blocks × {layers} layers × {heads} KV heads × d{head_dim}, block size {bs}"
+    print(f"device {device}: {shape}; {bf16_bytes / 2**20:.1f} MiB of bf16 KV per direction")
+    rows = []
+    copy = bench_copy(caches, blocks, args.repeat)
+    for op in ("save", "load"):
+        rows.append(("bf16 copy", op, copy[op], copy[op], bf16_bytes))
+    for codec in args.codecs:
+        r = bench_codec(codec, caches, geometry, blocks, args.repeat)
+        for op in ("save", "load"):
+            rows.append((codec, op, r[op], copy[op], r["pool_bytes"]))
+    print("\n| path | op | blocks/s | GB/s (bf16 KV) | tier bytes | time vs bf16 copy |")
+    print("|---|---|---|---|---|---|")
+    for path, op, t, t_copy, tier_bytes in rows:
+        gbps, mib = bf16_bytes / t / 1e9, tier_bytes / 2**20
+        print(f"| {path} | {op} | {blocks / t:,.0f} | {gbps:.2f} | {mib:.1f} MiB | {t / t_copy:.1f}× |")
+
+
+if __name__ == "__main__":
+    main()
