@@ -28,3 +28,24 @@ def test_dequantize_checks_out_shape():
     packed = torch.zeros(2, 16, 1, c.packed_dim, dtype=torch.uint8)
     with pytest.raises(ValueError, match="out must have shape"):
         tq_dequantize_blocks(packed, torch.zeros(2, 16, 1), torch.tensor([0]), c, torch.empty(2, 16, 1, 64))
+
+
+def test_cpu_fallback_is_the_reference(monkeypatch):
+    """Without CUDA and without the interpreter, encode+store and dequantize run the PyTorch references."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from tiercache.kernels import tq_encode_store
+    from tiercache.kernels.reference import encode_store_reference
+
+    kc, vc = codec(64, 4, 1), codec(64, 8, 2)
+    x = torch.randn(20, 2, 64, generator=torch.Generator().manual_seed(4))
+    slots = torch.arange(20) * 2 - 1  # slot −1 first
+    caches = [torch.zeros(4, 16, 2, c.packed_dim, dtype=torch.uint8) for c in (kc, vc)]
+    norms = [torch.zeros(4, 16, 2) for _ in range(2)]
+    want = [t.clone() for t in (caches[0], norms[0], caches[1], norms[1])]
+    tq_encode_store(x, x, slots, caches[0], norms[0], caches[1], norms[1], kc, vc)
+    encode_store_reference(x, x, slots, *want, kc, vc)
+    for got, ref in zip((caches[0], norms[0], caches[1], norms[1]), want, strict=True):
+        assert torch.equal(got, ref)
+    out = torch.empty(2, 16, 2, 64)
+    tq_dequantize_blocks(caches[0], norms[0], torch.tensor([1, 0]), kc, out)
+    assert torch.equal(out, kc.decode(caches[0][[1, 0]], norms[0][[1, 0]]))
