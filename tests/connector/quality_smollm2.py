@@ -128,11 +128,8 @@ def compare(base, outs) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--codecs", nargs="+", default=["none", "tq4", "k8v4"])
-    parser.add_argument("--json")
-    args = parser.parse_args()
+def measure(codecs: list[str]) -> dict[str, dict[str, float]]:
+    """Baseline engine, then one engine per codec; the comparison per codec (see the module docstring)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from tiercache.models import smollm2_path
@@ -141,10 +138,19 @@ def main() -> None:
     t0 = time.time()
     answers, base = run(model, None, None)
     results = {}
-    for codec in args.codecs:
+    for codec in codecs:
         _, outs = run(model, codec, answers)
         results[codec] = compare(base, outs)
         print(codec, json.dumps(results[codec]), f"{time.time() - t0:.0f}s", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--codecs", nargs="+", default=["none", "tq4", "k8v4"])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    results = measure(args.codecs)
     print(
         "\n| codec | greedy agreement (32 tok) | prompts identical | mean abs Δ logprob | turn-2 from tiers |"
     )
