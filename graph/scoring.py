@@ -13,10 +13,11 @@ The formula (lower priority = evicted first, among blocks that are leaves of the
                + w_source[source] + w_importance·importance + (protect_bonus if source is protected)
     priority = last_access_tick + horizon · value
 
-- `last_access_tick`: a logical clock that advances by one per block access (store or hit) in the tier's
-  graph, so recency is measured in accesses, not seconds (deterministic, load-independent).
+- `last_access_tick`: the tier's store counter (blocks stored or moved into the tier so far) when the block
+  was last stored or hit, so recency is measured in cache insertions, not seconds (deterministic,
+  load-independent). Ties go to the earlier access (LRU).
 - `horizon`: the tier's size in blocks. One unit of value buys a block the residence of one whole cache
-  turnover, so the weights mean the same thing at every capacity and pure LRU is the case value = 0.
+  turnover (that many insertions), so the weights mean the same thing at every capacity; value = 0 is LRU.
 - `chain_hits`: the block's hits (later requests that found it cached), or what it inherited if larger.
   From an unprotected parent with no other cached child (a linear chain) it inherits the parent's
   `chain_hits`: the tail a conversation just appended is worth what the conversation has proven. From a
