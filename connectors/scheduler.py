@@ -98,7 +98,7 @@ class ConnectorScheduler:
     # ------------------------------------------------------------------ per step
     def build_meta(self, scheduler_output) -> TierCacheMetadata:
         step, self._step = self._step, self._step + 1
-        loads = self._loads  # cleared only once this metadata is complete (failed_meta refuses them otherwise)
+        loads = self._loads  # cleared once this metadata is complete (else failed_meta refuses them)
         wanted: dict[bytes, int] = {}
         for req_id, num_computed, new_ids, resumed in _scheduled(scheduler_output):
             state = self._requests.get(req_id)
