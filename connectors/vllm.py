@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 class TierCacheConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        _log_with_vllm()
         config = load_config(vllm_config)
         geometry = Geometry.from_vllm(vllm_config, kv_cache_config)
         self.scheduler = self.worker = None
@@ -113,3 +114,13 @@ def _cpu_isa(kv_cache_config) -> str:
 
     spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
     return _get_attn_isa(spec.dtype, spec.block_size, spec.head_size)
+
+
+def _log_with_vllm() -> None:
+    """tiercache log lines (manager, pools, connector) go where vLLM's go, unless the user configured them."""
+    ours, theirs = logging.getLogger("tiercache"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(theirs.getEffectiveLevel())
+        ours.propagate = False

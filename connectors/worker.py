@@ -76,7 +76,7 @@ class ConnectorWorker:
         self.tiers = TierWorker.from_config(self.config, self.layout, device)
         first = next(iter(g.layer_names))
         logger.info(
-            "tiercache: worker side: %d layers on %s, cache %s %s (backend %s), K view %s; pools: %d VRAM + "
+            "tiercache: worker side: %d layers on %s, cache %s %s (backend %s), K block %s; pools: %d VRAM + "
             "%d DRAM blocks", len(self.k_views), device, tuple(kv_caches[first].shape), g.dtype,
             backend_names.get(first), self.k_views[0].shape, self.tiers.vram.num_blocks,
             self.tiers.dram.num_blocks,
