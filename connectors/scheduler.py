@@ -8,7 +8,11 @@ Provides:
         build_meta(scheduler_output) -> TierCacheMetadata         loads + stores of newly full blocks + jobs
         on_worker_meta(meta)                                      completions → complete_store/load/transfer
         request_finished(request_id)
+        close()                                                   stops the inspection service and the policy
         events                                                    recent TierEvents (bounded deque)
+        inspection                                                InspectionState (tiercache.inspect) fed
+                                                                  with every event; served on a Unix socket
+                                                                  unless inspect.socket is "off"
 
 Loads are synchronous (vLLM's sync-load path): a block counted as loaded but refused or failed on a worker is
 reported by the worker as a load error and vLLM recomputes it. Stores happen in the step where a block
@@ -22,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tiercache.config import TierCacheConfig
+from tiercache.inspect import InspectError, InspectionService, InspectionState
 from tiercache.manager import TierManager
 from tiercache.policy import make_policy
 
@@ -55,6 +60,12 @@ class ConnectorScheduler:
         self._in_flight: dict[int, tuple[list, list]] = {}  # step → (store hashes, [(load hash, pinned)])
         self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
         self._step = 0
+        self.inspection = InspectionState()
+        try:
+            self.inspection_service = InspectionService.start(config.inspect, self.inspection)
+        except InspectError as exc:  # the cache works without it; say why it is not reachable
+            logger.warning("tiercache: inspection socket not started: %s", exc)
+            self.inspection_service = None
         logger.info(
             "tiercache: scheduler side: codec %s, %d VRAM + %d DRAM blocks of %d tokens (%d layers, %d KV "
             "heads/rank, head_dim %d)", config.codec.name, self.manager.alloc["vram"].capacity,
@@ -74,15 +85,13 @@ class ConnectorScheduler:
     def after_alloc(self, request, block_ids: list[int], num_external_tokens: int) -> None:
         state = self._requests.setdefault(request.request_id, _Request(request))
         state.request = request
-        observe = getattr(self.manager.policy, "observe_request", None)
-        if observe is not None:  # graph advisor hook, when the policy has one
-            observe(request.request_id, list(request.block_hashes))
+        try:
+            self._observe_admission(state, request, num_external_tokens)
+        except Exception:  # policy hints and statistics must never cost a load
+            logger.exception("tiercache: eviction policy / inspection hook failed; continuing")
         if num_external_tokens <= 0:
             return
-        first = state.local_computed // self.block_size
-        count = num_external_tokens // self.block_size
-        hashes = list(request.block_hashes[first : first + count])
-        ids = block_ids[first : first + count]
+        hashes, ids = self._external_blocks(state, request, block_ids, num_external_tokens)
         try:
             self.manager.lookup(hashes)  # once per admitted request: hit events for the policy and inspection
             out = self.manager.prepare_load(hashes)
@@ -94,6 +103,27 @@ class ConnectorScheduler:
         else:
             self._loads += [list(x) for x in zip(out.block_hashes, out.tiers, out.slots, ids, strict=True)]
         self._drain_events()
+
+    def refuse_loads(self, request, block_ids: list[int], num_external_tokens: int) -> None:
+        """After a failure in after_alloc: vLLM counts these tokens as loaded, so the workers must report
+        their blocks as load errors (vLLM recomputes them) — never leave them unwritten."""
+        state = self._requests.setdefault(request.request_id, _Request(request))
+        queued = {x[3] for x in self._loads}
+        hashes, ids = self._external_blocks(state, request, block_ids, num_external_tokens)
+        self._loads += [[h, "", -1, b] for h, b in zip(hashes, ids, strict=True) if b not in queued]
+
+    def _external_blocks(self, state, request, block_ids, num_external_tokens) -> tuple[list, list]:
+        first = state.local_computed // self.block_size
+        count = num_external_tokens // self.block_size
+        return list(request.block_hashes[first : first + count]), block_ids[first : first + count]
+
+    def _observe_admission(self, state, request, num_external_tokens: int) -> None:
+        observe = getattr(self.manager.policy, "observe_request", None)
+        if observe is not None:  # graph advisor hook, when the policy has one
+            observe(request.request_id, list(request.block_hashes))
+        loaded = max(num_external_tokens, 0)
+        recomputed = max(request.num_prompt_tokens - state.local_computed - loaded, 0)
+        self.inspection.record_tokens(loaded=loaded, recomputed=recomputed)
 
     # ------------------------------------------------------------------ per step
     def build_meta(self, scheduler_output) -> TierCacheMetadata:
@@ -119,6 +149,9 @@ class ConnectorScheduler:
             if out is not None:
                 placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
                 stores = [[h, t, s, wanted[h]] for h, t, s in placed]
+        observe_step = getattr(self.manager.policy, "observe_step", None)
+        if observe_step is not None and len(loads) > 1:  # blocks used together this step (co_attend)
+            observe_step([x[0] for x in loads])
         jobs = [job.to_dict() for job in self.manager.take_jobs()]
         self._in_flight[step] = ([s[0] for s in stores], [(x[0], bool(x[1])) for x in loads])
         self._loads = []
@@ -162,8 +195,19 @@ class ConnectorScheduler:
     def request_finished(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
+    def close(self) -> None:
+        self._drain_events()
+        self.inspection.publish(self.manager, force=True)
+        if self.inspection_service is not None:
+            self.inspection_service.close()
+            self.inspection_service = None
+        self.manager.close()
+
     def _drain_events(self) -> None:
-        self.events.extend(self.manager.take_events())
+        events = self.manager.take_events()
+        self.events.extend(events)
+        self.inspection.record(events)
+        self.inspection.publish(self.manager)  # rate-limited to one snapshot per 100 ms
 
 
 def _scheduled(scheduler_output):

@@ -77,6 +77,8 @@ class TierCacheConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     # ------------------------------------------------------------------ scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -89,7 +91,12 @@ class TierCacheConnector(KVConnectorBase_V1):
             return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-        self.scheduler.after_alloc(request, list(blocks.get_block_ids()[0]), num_external_tokens)
+        block_ids = list(blocks.get_block_ids()[0])
+        try:
+            self.scheduler.after_alloc(request, block_ids, num_external_tokens)
+        except Exception:
+            logger.exception("tiercache: after_alloc failed for request %s; recomputing", request.request_id)
+            self.scheduler.refuse_loads(request, block_ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> TierCacheMetadata:
         try:

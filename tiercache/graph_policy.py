@@ -7,10 +7,17 @@ Provides:
     make_graph_policy(eviction_config) a KVCacheGraph + started GraphEvictionAdvisor wrapped in GraphPolicy;
                                       close() stops the advisor thread (TierManager.close() calls it)
 
+Connector hints (called by the scheduler side before the events they explain):
+    observe_request(request_id, block_hashes)   a request was admitted: remembers each block's parent (the
+                                       previous hash of its prefix chain) and request, for its StoreEvent,
+                                       and attributes the HitEvents that follow to this request
+    observe_step(block_hashes)         blocks loaded in the same step → on_step (co_attend edges)
+
 Event → graph notification:
-    StoreEvent(stored)                 on_store(hash, tier) unless the graph already has it (the connector
-                                       should call graph.on_store with parent, request, span and source
-                                       first, at prepare_store time; this only fills in what it missed)
+    StoreEvent(stored)                 on_store(hash, parent, request, tier) with the lineage remembered by
+                                       observe_request (parent only when it is itself stored), unless the
+                                       graph already has the block
+    HitEvent                           on_hit(hash, request of the latest observe_request)
     SpillEvent / WarmEvent "done"      on_move(hash, from, to)
     EvictionEvent(to None), DropEvent, StoreEvent(not stored)   on_remove(hash)
 Hits are left to the connector (graph.on_hit with the request id), since lookups repeat every step.
@@ -19,12 +26,14 @@ Hits are left to the connector (graph.on_hit with the request id), since lookups
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 from tiercache.events import (
     DRAM,
     VRAM,
     DropEvent,
     EvictionEvent,
+    HitEvent,
     SpillEvent,
     StoreEvent,
     TierEvent,
@@ -36,9 +45,26 @@ from tiercache.policy import Candidates, EvictionPolicy, VictimDecision
 class GraphPolicy(EvictionPolicy):
     name = "graph"
 
+    MAX_LINEAGE = 1 << 20  # remembered (parent, request) of blocks not stored yet; oldest forgotten first
+
     def __init__(self, advisor) -> None:
         self.advisor = advisor
         self.graph = advisor.graph
+        self._lineage: OrderedDict[bytes, tuple[bytes | None, str]] = OrderedDict()
+        self._request: str | None = None
+
+    def observe_request(self, request_id: str, block_hashes) -> None:
+        self._request = request_id
+        parent = None
+        for block_hash in block_hashes:
+            if block_hash not in self.graph and block_hash not in self._lineage:
+                self._lineage[block_hash] = (parent, request_id)
+            parent = block_hash
+        while len(self._lineage) > self.MAX_LINEAGE:
+            self._lineage.popitem(last=False)
+
+    def observe_step(self, block_hashes) -> None:
+        self.graph.on_step(block_hashes)
 
     def choose_victims(self, tier: str, n: int, candidates: Candidates) -> list[VictimDecision]:
         decisions = self.advisor.choose_victims(n, tier, candidates_lru_order=iter(candidates))
@@ -57,10 +83,14 @@ class GraphPolicy(EvictionPolicy):
     def observe(self, event: TierEvent) -> None:
         graph, h = self.graph, event.block_hash
         if isinstance(event, StoreEvent):
+            parent, request = self._lineage.pop(h, (None, None))
             if event.stored and h not in graph:
-                graph.on_store(h, tier=event.tier)
+                parent = parent if parent is not None and parent in graph else None
+                graph.on_store(h, parent_hash=parent, request_id=request, tier=event.tier)
             elif not event.stored:
                 graph.on_remove(h)
+        elif isinstance(event, HitEvent) and h in graph:
+            graph.on_hit(h, self._request)
         elif isinstance(event, (SpillEvent, WarmEvent)) and event.stage == "done" and h in graph:
             src, dst = (VRAM, DRAM) if isinstance(event, SpillEvent) else (DRAM, VRAM)
             if graph.tier_of(h) == src:

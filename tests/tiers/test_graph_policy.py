@@ -100,3 +100,23 @@ def test_make_policy_graph_runs_and_stops_the_advisor():
     manager = TierManager(4, 4, "c", policy=policy)
     manager.close()
     assert not policy.advisor.running
+
+
+def test_connector_hints_give_the_graph_parents_requests_and_hits():
+    """observe_request before a store links each block to its prefix parent (leaves-first needs it);
+    HitEvents after it count against that request; observe_step adds co_attend edges."""
+    m, advisor = make(vram=16, dram=16)
+    graph, policy = advisor.graph, m.policy
+    policy.observe_request("req-a", [h(1), h(2), h(3)])
+    store(m, [1, 2, 3])
+    assert graph.parent_of(h(2)) == h(1) and graph.parent_of(h(3)) == h(2)
+    assert graph.parent_of(h(1)) is None
+    assert not graph.is_evictable(h(1), VRAM) and graph.is_evictable(h(3), VRAM)  # leaves first
+    policy.observe_request("req-b", [h(1), h(2), h(4)])
+    assert m.lookup([h(1), h(2)]) == 2
+    assert graph.info(h(1))["hits"] == 1 and graph.info(h(2))["hits"] == 1
+    store(m, [4])
+    assert graph.parent_of(h(4)) == h(2)
+    policy.observe_step([h(1), h(4)])
+    assert "co_attend" in graph.edge_types(h(1), h(4))
+    assert not policy._lineage  # every remembered lineage was consumed by its store
