@@ -17,7 +17,7 @@ def test_demo_runs_and_prints_decisions():
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
-    assert "[6/6]" in out and "from tiercache" in out
+    assert " 6/6]" in out and "from tiercache" in out
     assert "served from the tiers" in out and "time to first token" in out
     assert "latest decisions" in out and "spill vram→dram" in out
     assert "policy graph" in out
