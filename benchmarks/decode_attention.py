@@ -1,10 +1,11 @@
 """Decode attention: fused TurboQuant kernel vs torch SDPA bf16 (cuDNN, flash) vs the TQ byte floor.
 
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
-Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--json PATH]
+Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--before] [--json PATH]
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
-in the same run. Prints one table per preset last.
+in the same run. Prints one table per preset last; --before adds the kernel under BEFORE (the launch
+configuration of commit 35669b4) timed in the same run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SHAPES = [(1, 4096), (1, 32768), (16, 4096), (16, 32768), (64, 8192)]
 HQ, H, D, BS = 32, 8, 128, 16
 PRESETS = {"k4v4": (4, 4), "k8v4": (8, 4)}
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 1,
+          "prefetch": True, "rotate_in_split": True, "lut": "gather", "maxnreg": None}  # fmt: skip
 
 
 class Case:
@@ -89,7 +92,20 @@ def check(case: Case) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def run_preset(name: str, copy_gbs: float, results: list[dict]) -> None:
+def time_with(case: Case, config: dict) -> tuple[float, float]:
+    """(eager, graph) µs of ours under another launch configuration (restored afterwards)."""
+    saved = dict(decode_module.CONFIG)
+    decode_module.CONFIG.update(config)
+    try:
+        case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
+        return bench_us(case.ours), bench_us(graphed(case.ours))
+    finally:
+        decode_module.CONFIG.clear()
+        decode_module.CONFIG.update(saved)
+        case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
+
+
+def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = False) -> None:
     k_bits, v_bits = PRESETS[name]
     print(f"\n{name}: K{k_bits}V{v_bits}")
     for batch, seq in SHAPES:
@@ -99,6 +115,8 @@ def run_preset(name: str, copy_gbs: float, results: list[dict]) -> None:
         row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}
         row["ours_us"] = bench_us(case.ours)
         row["ours_graph_us"] = bench_us(graphed(case.ours))
+        if before:
+            row["before_us"], row["before_graph_us"] = time_with(case, BEFORE)
         row.update({f"sdpa_{k}_us": t for k, t in time_sdpa(case).items()})
         results.append(row)
         print("  " + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
@@ -106,19 +124,31 @@ def run_preset(name: str, copy_gbs: float, results: list[dict]) -> None:
         torch.cuda.empty_cache()
 
 
+def sweep_configs() -> list[dict]:
+    pf = {**BEFORE, "layout": "perfield", "lut": "prmt", "prefetch": False}
+    sep = {**pf, "rotate_in_split": False}
+    variants = [
+        (pf, {}),
+        (pf, {"maxnreg": 128, "programs_per_sm": 4}),
+        (pf, {"maxnreg": 168, "programs_per_sm": 3}),
+        (sep, {}),
+        (sep, {"maxnreg": 128, "programs_per_sm": 4}),
+        (sep, {"maxnreg": 96, "programs_per_sm": 5}),
+        (sep, {"tile": 128, "maxnreg": 128, "programs_per_sm": 4}),
+        (sep, {"num_warps": 8, "maxnreg": 128, "programs_per_sm": 2}),
+        (sep, {"tile": 32, "maxnreg": 128, "programs_per_sm": 4, "prefetch": True}),
+    ]
+    return [BEFORE] + [{**base, **change} for base, change in variants]
+
+
 def sweep(copy_gbs: float, adopt: bool) -> None:
-    """Launch-configuration sweep for K4V4 (CUDA-graph µs); with `adopt`, the tables use the best."""
-    shapes = [(1, 32768), (16, 32768), (64, 8192)]
-    cases = {s: Case(*s, 4, 4, dense=False) for s in shapes}
+    """Launch-configuration sweep (CUDA-graph µs); with `adopt`, the tables use the best (geometric mean)."""
+    shapes = [(1, 32768, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4), (16, 32768, 8, 4)]
+    cases = {s: Case(*s, dense=False) for s in shapes}
     base = dict(decode_module.CONFIG)
-    reshape = {**base, "layout": "reshape", "num_warps": 4, "num_stages": 1}
-    configs = [
-        {**reshape, "tile": tile, "rotate_in_split": rot, "programs_per_sm": pps}
-        for tile, pps in ((32, 2), (64, 2), (64, 4)) for rot in (False, True)
-    ]  # fmt: skip
     best, best_score = base, math.inf
-    print("\nsweep (K4V4, graph µs):", "  ".join(f"{b}x{s // 1024}K" for b, s in shapes))
-    for config in configs:
+    print("\nsweep (graph µs):", "  ".join(f"K{k}V{v} {b}x{s // 1024}K" for b, s, k, v in shapes))
+    for config in sweep_configs():
         decode_module.CONFIG.update(config)
         times = []
         for case in cases.values():
@@ -131,7 +161,7 @@ def sweep(copy_gbs: float, adopt: bool) -> None:
         if math.prod(times) < best_score:
             best, best_score = dict(config), math.prod(times)
         report = compiled_report(decode_module.LAST_COMPILED.get("split"))
-        print(f"  {config}: {' '.join(f'{t:8.1f}' for t in times)}  {report}")
+        print(f"  {config}: {' '.join(f'{t:8.1f}' for t in times)}  {report}", flush=True)
     decode_module.CONFIG.clear()
     decode_module.CONFIG.update(best if adopt else base)
     print(f"  best (geometric mean): {best}; tables use {decode_module.CONFIG}")
@@ -164,7 +194,7 @@ def print_tables(results: list[dict], copy_gbs: float) -> None:
             continue
         print(
             f"\n{preset.upper()}  | B  | S    | ours eager | ours graph | SDPA best eager | SDPA best graph"
-            " | speedup eager | speedup graph | floor  | floor/ours"
+            " | speedup eager | speedup graph | floor  | floor/ours | before graph | before/ours"
         )
         for r in rows:
             eager = min((r.get(f"sdpa_{k}_us", math.inf) for k in SDPA_BACKENDS), default=math.inf)
@@ -173,7 +203,9 @@ def print_tables(results: list[dict], copy_gbs: float) -> None:
                   f" {r['ours_us']:10.1f} | {r['ours_graph_us']:10.1f} |"
                   f" {eager:15.1f} | {graph:15.1f} | {eager / r['ours_us']:13.2f} |"
                   f" {graph / r['ours_graph_us']:13.2f} | {r['floor_us']:6.1f} |"
-                  f" {r['floor_us'] / r['ours_graph_us']:10.2f}")  # fmt: skip
+                  f" {r['floor_us'] / r['ours_graph_us']:10.2f} |"
+                  f" {r.get('before_graph_us', math.nan):12.1f} |"
+                  f" {r.get('before_graph_us', math.nan) / r['ours_graph_us']:11.2f}")  # fmt: skip
 
 
 def main() -> None:
@@ -183,8 +215,20 @@ def main() -> None:
     parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
     parser.add_argument("--json", default=None)
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--before", action="store_true", help="also time the BEFORE configuration")
+    parser.add_argument("--config", default=None, help="JSON launch configuration to apply first")
+    parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.config:
+        decode_module.CONFIG.update(json.loads(args.config))
+    if args.profile:
+        preset, batch, seq = args.profile.split(",")
+        case = Case(int(batch), int(seq), *PRESETS[preset], dense=False)
+        for _ in range(5):
+            case.ours()
+        torch.cuda.synchronize()
+        return
     copy_gbs = copy_bandwidth_gbs()
     print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {decode_module.CONFIG}")
     if args.sweep:
@@ -192,8 +236,8 @@ def main() -> None:
     if args.breakdown:
         breakdown()
     results: list[dict] = []
-    for preset in args.presets.split(","):
-        run_preset(preset, copy_gbs, results)
+    for preset in filter(None, args.presets.split(",")):
+        run_preset(preset, copy_gbs, results, args.before)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_gbs": copy_gbs, "config": decode_module.CONFIG, "results": results}, f, indent=1)

@@ -59,6 +59,7 @@ class KernelTables:
     rot_t: torch.Tensor  # [D, D] f32  Πᵀ (natural order: decode attention)
     rot: torch.Tensor  # [D, D] f32  Π
     byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
+    prmt_asm: str  # 4-bit: PTX for the two bf16 fields of 4 packed bytes, in registers; else ""
 
 
 _CACHE: dict[tuple[str, torch.device], KernelTables] = {}
@@ -103,6 +104,7 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         rot_t=rot.t().contiguous().to(device),
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
+        prmt_asm=prmt_fields_asm(cb) if codec.bits == 4 else "",
     )
 
 
@@ -122,3 +124,30 @@ def _byte_lut(codec: TurboQuantCodec) -> torch.Tensor:
     if codec.bits == 4:
         lut = torch.where(lut >= 2**31, lut - 2**32, lut).to(torch.int32)
     return lut
+
+
+def prmt_fields_asm(codebook: torch.Tensor) -> str:
+    """PTX for tl.inline_asm_elementwise(pack=4) with two bf16 outputs: 4 bytes of 4-bit indices ($4) →
+    the bf16 centroids of their low nibbles ($0, $1: bytes 0–1, 2–3) and of their high nibbles ($2, $3).
+
+    The low and high bytes of the 16 bf16 centroids are two 16-byte tables in four registers each. For the
+    8 nibbles of the input, `prmt` picks bytes from entries 0–7 and from entries 8–15 (3-bit selectors), a
+    third `prmt` keeps one of the two per nibble (bit 3), and four more pair low and high bytes.
+    """
+    pattern = [int(b) & 0xFFFF for b in codebook.to(torch.bfloat16).view(torch.int16).tolist()]
+    assert len(pattern) == 16
+
+    def words(table: list[int]) -> list[str]:
+        return [hex(sum(table[4 * w + i] << (8 * i) for i in range(4))) for w in range(4)]
+
+    lines = ["{", ".reg .b32 s, m, s1, m1, a, b, t0, t1, t2, t3, l0, l1, h0, h1;",
+             "and.b32 s, $4, 0x77777777;", "and.b32 m, $4, 0x88888888;", "shr.u32 m, m, 1;",
+             "or.b32 m, m, 0x32103210;", "shr.u32 s1, s, 16;", "shr.u32 m1, m, 16;"]  # fmt: skip
+    for name, table in (("l", [p & 0xFF for p in pattern]), ("h", [p >> 8 for p in pattern])):
+        lines += [f"mov.b32 t{i}, {w};" for i, w in enumerate(words(table))]
+        for half, (sel, pick) in enumerate((("s", "m"), ("s1", "m1"))):
+            lines += [f"prmt.b32 a, t0, t1, {sel};", f"prmt.b32 b, t2, t3, {sel};",
+                      f"prmt.b32 {name}{half}, a, b, {pick};"]  # fmt: skip
+    lines += ["prmt.b32 $0, l0, h0, 0x6240;", "prmt.b32 $1, l1, h1, 0x6240;",
+              "prmt.b32 $2, l0, h0, 0x7351;", "prmt.b32 $3, l1, h1, 0x7351;", "}"]  # fmt: skip
+    return " ".join(lines)

@@ -6,10 +6,14 @@ Provides:
     DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)   preallocated split-K buffers
     plan_num_splits(batch, num_kv_heads, max_tokens, device) -> int
 
-Two launches, no host synchronisation: the split kernel (rotated-domain scoring, each K/V byte read once per
-kv head for all its query heads, online softmax over TILE-token tiles) and the merge kernel (log-sum-exp
-merge of the splits, one rotation back). With a workspace (and `out`) passed in, the call allocates
-nothing, so it can be captured in a CUDA graph. The number of splits depends only on shapes.
+Three launches (two with rotate_in_split), no host synchronisation: the query rotation, the split kernel
+(rotated-domain scoring, each K/V byte read once per kv head for all its query heads, online softmax over
+TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back). The default
+split kernel is _decode_perfield_kernel (2/4/8-bit; 3-bit uses _decode_split_kernel); on the GPU its
+4-bit centroid lookup is inline PTX (register permutes), which the interpreter replaces by a table gather
+(tests/kernels/test_decode_tables.py checks the PTX text; test_gpu.py runs it). With a workspace (and
+`out`) passed in, the call allocates nothing, so it can be captured in a CUDA graph. The number of splits
+depends only on shapes.
 Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference);
 bfloat16/float16 queries use bfloat16 operands with float32 accumulation, like bf16 SDPA.
 """
@@ -27,15 +31,20 @@ from ._tables import kernel_tables
 from .codec import TurboQuantCodec
 from .reference import decode_attention_reference
 
-# Launch configuration, one for every shape (benchmarks/decode_attention.py sweeps it).
+# Launch configuration, one for every shape: the best of `benchmarks/decode_attention.py --sweep` on an H200
+# (geometric mean of K4V4 1×32K, 16×32K, 64×8K and K8V4 16×32K; see benchmarks/RESULTS.md).
 CONFIG = {
-    "layout": "reshape",  # also "natural" (natural order, byte LUTs) and "fields" (batched per-field dots)
+    "layout": "perfield",  # also "reshape" (field-major tiles), "natural" (natural order, byte LUTs),
+    # "fields" (batched per-field dots); "perfield" (one 2-D dot per field) takes 2/4/8-bit, else "reshape"
+    "lut": "prmt",  # perfield, 16-bit operands: 4-bit centroids by register permutes; "gather": byte LUTs
+    # for 2-/4-bit ("prmt" falls back to it for 2-bit and under the interpreter); "none": codebook lookups
     "tile": 64,
-    "programs_per_sm": 2,
+    "programs_per_sm": 5,
     "num_warps": 4,
     "num_stages": 1,
-    "prefetch": True,
-    "rotate_in_split": True,  # each split rotates its queries (one launch fewer) vs a separate launch
+    "prefetch": False,
+    "rotate_in_split": False,  # each split rotates its queries (one launch fewer) vs a separate launch
+    "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
 }
 _LOG2E = 1.4426950408889634
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
@@ -43,6 +52,7 @@ LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill r
 if HAVE_TRITON:
     from ._decode_fields_kernel import _decode_fields_kernel
     from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel, _rotate_query_kernel
+    from ._decode_perfield_kernel import _decode_perfield_kernel
 
 
 def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
@@ -123,19 +133,26 @@ def tq_decode_attention(
     gp = max(16, next_pow2(group))
     q = query if query.stride(-1) == 1 else query.contiguous()
     q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
+    layout = CONFIG["layout"]
+    if layout == "perfield" and kt.bits in (2, 4, 8) and vt.bits in (2, 4, 8):
+        _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
+                         kt, vt, workspace, scale, split_tokens, block_size, group, gp, ieee)  # fmt: skip
+        return _merge(workspace, vt.rot_perm, out, num_kv_heads, num_q_heads, group, head_dim, gp, ieee)
+    if layout == "perfield":  # 3-bit K or V
+        layout = "reshape"
     # "fields": batched per-field dots; "reshape": field-major tiles; "natural": natural order + byte LUTs
-    fields = CONFIG["layout"] in ("fields", "reshape")
-    if CONFIG["layout"] == "reshape":
+    fields = layout in ("fields", "reshape")
+    if layout == "reshape":
         k_lut = v_lut = False
         ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
     rot_q = kt.rot_t_perm if fields else kt.rot_t
-    rotate_in_split = CONFIG["rotate_in_split"] and CONFIG["layout"] != "fields"
+    rotate_in_split = CONFIG["rotate_in_split"] and layout != "fields"
     if not rotate_in_split:
         _rotate_query_kernel[(batch * num_kv_heads,)](
             q, q.stride(0), q.stride(1), rot_q, q_rot,
             num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
         )  # fmt: skip
-    if CONFIG["layout"] == "fields":
+    if layout == "fields":
         k_lut, v_lut = k_lut and kt.per_group > 1, v_lut and vt.per_group > 1
         ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
         vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
@@ -167,12 +184,59 @@ def tq_decode_attention(
             V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
             num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
         )  # fmt: skip
-    _decode_merge_kernel[(batch * num_kv_heads,)](
-        workspace.partial_out, workspace.partial_lse, vt.rot_perm if fields else vt.rot,
-        out, out.stride(0), out.stride(1),
-        num_kv_heads, num_q_heads, group, splits, D=head_dim, GP=gp, IEEE=ieee, num_warps=4,
+    return _merge(workspace, vt.rot_perm if fields else vt.rot, out, num_kv_heads, num_q_heads, group,
+                  head_dim, gp, ieee)  # fmt: skip
+
+
+def _merge(workspace, rot, out, num_kv_heads, num_q_heads, group, head_dim, gp, ieee) -> torch.Tensor:
+    """Log-sum-exp merge of the splits and the rotation back (rot: Π, or Π[perm, :] for field-major)."""
+    _decode_merge_kernel[(out.shape[0] * num_kv_heads,)](
+        workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
+        num_kv_heads, num_q_heads, group, workspace.num_splits, D=head_dim, GP=gp, IEEE=ieee, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _launch_perfield(
+    q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
+    kt, vt, workspace, scale, split_tokens, block_size, group, gp, ieee,
+) -> None:  # fmt: skip
+    """The split kernel with one dot per packed field (2/4/8-bit K and V); partials in field-major order."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, splits = k_packed.shape[2], workspace.num_splits
+    k_lut, v_lut = _lut_mode(kt, ieee), _lut_mode(vt, ieee)
+    ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
+    vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
+    rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
+    if not rotate_in_split:
+        _rotate_query_kernel[(batch * num_kv_heads,)](
+            q, q.stride(0), q.stride(1), kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3, q_rot,
+            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp,
+            SPLIT16=not ieee, UPCAST=interpreting(), num_warps=4,
+        )  # fmt: skip
+    LAST_COMPILED["split"] = _decode_perfield_kernel[(batch * num_kv_heads, splits)](
+        q_rot, q, q.stride(0), q.stride(1), kt.rot_t_perm_bf16x3, scale * _LOG2E,
+        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+        ktab, vtab, block_tables, *block_tables.stride(), context_lens,
+        workspace.partial_out, workspace.partial_lse,
+        num_kv_heads, num_q_heads, group, splits, split_tokens,
+        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=CONFIG["tile"], IEEE=ieee, UPCAST=interpreting(),
+        PREFETCH=CONFIG["prefetch"], ROTATE_Q=rotate_in_split,
+        K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=kt.prmt_asm,
+        V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=vt.prmt_asm,
+        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
+    )  # fmt: skip
+
+
+def _lut_mode(tables, ieee: bool) -> int:
+    """0: one codebook lookup per index; 1: one byte-LUT lookup per byte; 2: byte-LUT entries from prmt."""
+    mode = CONFIG["lut"]
+    if ieee or mode == "none" or tables.bits not in (2, 4):
+        return 0
+    if mode == "prmt" and tables.bits == 4 and not interpreting():  # the interpreter has no inline PTX
+        return 2
+    return 1
 
 
 def _check(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec):

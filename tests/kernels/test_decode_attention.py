@@ -67,9 +67,16 @@ def test_decode_rejects_bad_gqa():
 
 @pytest.mark.parametrize(
     "config",
-    [{"layout": "natural"}, {"layout": "fields"}, {"layout": "reshape", "rotate_in_split": False}],
+    [
+        {"layout": "natural"},
+        {"layout": "fields"},
+        {"layout": "reshape"},
+        {"layout": "reshape", "rotate_in_split": False},
+        {"layout": "perfield", "lut": "prmt", "rotate_in_split": False},
+        {"layout": "perfield", "lut": "none", "prefetch": False},
+    ],
 )
-@pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4)])
+@pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4), (4, 2)])
 def test_decode_launch_variants(monkeypatch, config, k_bits, v_bits):
     """Every tile layout the launcher can select computes the same attention (f32 and bf16)."""
     for key, value in config.items():

@@ -5,6 +5,7 @@ import torch
 from kernel_cases import BIT_PAIRS, codec, random_block_tables, random_cache, rel_err
 
 from tiercache.kernels import DecodeWorkspace, tq_decode_attention, tq_dequantize_blocks, tq_encode_store
+from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.reference import decode_attention_reference
 
 pytestmark = pytest.mark.gpu
@@ -33,6 +34,29 @@ def test_decode_gpu(k_bits, v_bits, head_dim, block_size, group):
         tq_decode_attention(*args, out=out)
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= tol, dtype
+
+
+LAYOUTS = [
+    {"layout": "reshape"},
+    {"layout": "perfield", "lut": "prmt"},
+    {"layout": "perfield", "lut": "gather", "tile": 32},
+    {"layout": "perfield", "lut": "none", "rotate_in_split": False, "prefetch": False},
+]
+
+
+@pytest.mark.parametrize("config", LAYOUTS)
+@pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
+def test_decode_gpu_layouts(monkeypatch, config, k_bits, v_bits):
+    """Every tile layout (the inline-PTX lookup included, which the interpreter cannot run) on the GPU."""
+    for key, value in config.items():
+        monkeypatch.setitem(decode_module.CONFIG, key, value)
+    for head_dim, group in ((128, 4), (64, 8)):
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+            args = decode_case(k_bits, v_bits, head_dim, 16, group, dtype, [1, 17, 333, 4099], seed=k_bits)
+            out = torch.full_like(args[0], float("nan"))
+            tq_decode_attention(*args, out=out)
+            ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+            assert rel_err(out, ref) <= tol, (head_dim, dtype)
 
 
 @pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
@@ -64,7 +88,10 @@ def test_encode_dequantize_gpu(k_bits, v_bits, dtype):
             assert rel_err(out, ref) <= tol
 
 
-def test_decode_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("config", LAYOUTS[:2])
+def test_decode_cuda_graph_capture_and_replay(monkeypatch, config):
+    for key, value in config.items():
+        monkeypatch.setitem(decode_module.CONFIG, key, value)
     longest = [900, 64, 3000]
     args = decode_case(8, 4, 128, 16, 4, torch.bfloat16, longest, seed=9)
     query = args[0]
