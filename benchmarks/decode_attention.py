@@ -125,20 +125,18 @@ def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = F
 
 
 def sweep_configs() -> list[dict]:
-    pf = {**BEFORE, "layout": "perfield", "lut": "prmt", "prefetch": False}
-    sep = {**pf, "rotate_in_split": False}
+    base = dict(decode_module.CONFIG)
     variants = [
-        (pf, {}),
-        (pf, {"maxnreg": 128, "programs_per_sm": 4}),
-        (pf, {"maxnreg": 168, "programs_per_sm": 3}),
-        (sep, {}),
-        (sep, {"maxnreg": 128, "programs_per_sm": 4}),
-        (sep, {"maxnreg": 96, "programs_per_sm": 5}),
-        (sep, {"tile": 128, "maxnreg": 128, "programs_per_sm": 4}),
-        (sep, {"num_warps": 8, "maxnreg": 128, "programs_per_sm": 2}),
-        (sep, {"tile": 32, "maxnreg": 128, "programs_per_sm": 4, "prefetch": True}),
+        {},
+        {"num_stages": 2},
+        {"num_stages": 3},
+        {"tile": 128},
+        {"tile": 32, "programs_per_sm": 8},
+        {"maxnreg": 80, "programs_per_sm": 6},
+        {"num_warps": 2, "maxnreg": 128, "programs_per_sm": 8},
+        {"prefetch": True},
     ]
-    return [BEFORE] + [{**base, **change} for base, change in variants]
+    return [BEFORE] + [{**base, **change} for change in variants]
 
 
 def sweep(copy_gbs: float, adopt: bool) -> None:
