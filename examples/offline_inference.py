@@ -9,6 +9,7 @@ import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tiercache.inspect sees the state
 
+import torch
 from vllm import LLM, SamplingParams
 
 from tiercache.inspect import connect
@@ -16,9 +17,12 @@ from tiercache.models import smollm2_path
 
 if __name__ == "__main__":
     model = sys.argv[1] if len(sys.argv) > 1 else str(smollm2_path())
+    on_cpu = {} if torch.cuda.is_available() else {"dtype": "float32", "enforce_eager": True}
     llm = LLM(
         model=model,
+        max_model_len=4096,
         enable_prefix_caching=False,  # so the reuse below comes from tiercache
+        **on_cpu,
         kv_transfer_config={
             "kv_connector": "TierCacheConnector",
             "kv_role": "kv_both",
