@@ -34,8 +34,8 @@ from .reference import decode_attention_reference
 # Launch configuration, one for every shape: the best of `benchmarks/decode_attention.py --sweep` on an H200
 # (geometric mean of K4V4 1×32K, 16×32K, 64×8K and K8V4 16×32K; see benchmarks/RESULTS.md).
 CONFIG = {
-    "layout": "perfield",  # also "reshape" (field-major tiles), "natural" (natural order, byte LUTs),
-    # "fields" (batched per-field dots); "perfield" (one 2-D dot per field) takes 2/4/8-bit, else "reshape"
+    "layout": "perfield",  # also "reshape" (field-major tiles), "natural" (natural order, byte LUTs);
+    # "perfield" (one 2-D dot per field) takes 2/4/8-bit, else "reshape"
     "lut": "prmt",  # perfield, 16-bit operands: 4-bit centroids by register permutes; "gather": byte LUTs
     # for 2-/4-bit ("prmt" falls back to it for 2-bit and under the interpreter); "none": codebook lookups
     "tile": 64,
@@ -50,7 +50,6 @@ _LOG2E = 1.4426950408889634
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
 if HAVE_TRITON:
-    from ._decode_fields_kernel import _decode_fields_kernel
     from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel, _rotate_query_kernel
     from ._decode_perfield_kernel import _decode_perfield_kernel
 
@@ -140,50 +139,31 @@ def tq_decode_attention(
         return _merge(workspace, vt.rot_perm, out, num_kv_heads, num_q_heads, group, head_dim, gp, ieee)
     if layout == "perfield":  # 3-bit K or V
         layout = "reshape"
-    # "fields": batched per-field dots; "reshape": field-major tiles; "natural": natural order + byte LUTs
-    fields = layout in ("fields", "reshape")
-    if layout == "reshape":
+    # "reshape": field-major tiles; "natural": natural order + byte LUTs
+    fields = layout == "reshape"
+    if fields:
         k_lut = v_lut = False
         ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
     rot_q = kt.rot_t_perm if fields else kt.rot_t
-    rotate_in_split = CONFIG["rotate_in_split"] and layout != "fields"
+    rotate_in_split = CONFIG["rotate_in_split"]
     if not rotate_in_split:
         _rotate_query_kernel[(batch * num_kv_heads,)](
             q, q.stride(0), q.stride(1), rot_q, q_rot,
             num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
         )  # fmt: skip
-    if layout == "fields":
-        k_lut, v_lut = k_lut and kt.per_group > 1, v_lut and vt.per_group > 1
-        ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
-        vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
-        LAST_COMPILED["split"] = _decode_fields_kernel[(batch * num_kv_heads, splits)](
-            q_rot,
-            k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
-            v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
-            ktab, vtab, block_tables, *block_tables.stride(), context_lens,
-            workspace.partial_out, workspace.partial_lse,
-            num_kv_heads, num_q_heads, group, splits, split_tokens,
-            BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
-            K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
-            K_NGP=max(16, kt.num_groups), K_LUT=k_lut,
-            V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-            V_NGP=max(16, vt.num_groups), V_LUT=v_lut,
-            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
-        )  # fmt: skip
-    else:
-        LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
-            q_rot, q, q.stride(0), q.stride(1), rot_q, scale * _LOG2E,
-            k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
-            v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
-            ktab, vtab, block_tables, *block_tables.stride(), context_lens,
-            workspace.partial_out, workspace.partial_lse,
-            num_kv_heads, num_q_heads, group, splits, split_tokens,
-            BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
-            PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
-            K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
-            V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
-            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
-        )  # fmt: skip
+    LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
+        q_rot, q, q.stride(0), q.stride(1), rot_q, scale * _LOG2E,
+        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
+        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
+        ktab, vtab, block_tables, *block_tables.stride(), context_lens,
+        workspace.partial_out, workspace.partial_lse,
+        num_kv_heads, num_q_heads, group, splits, split_tokens,
+        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
+        PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
+        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
+        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
+        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+    )  # fmt: skip
     return _merge(workspace, vt.rot_perm if fields else vt.rot, out, num_kv_heads, num_q_heads, group,
                   head_dim, gp, ieee)  # fmt: skip
 

@@ -69,7 +69,6 @@ def test_decode_rejects_bad_gqa():
     "config",
     [
         {"layout": "natural"},
-        {"layout": "fields"},
         {"layout": "reshape"},
         {"layout": "reshape", "rotate_in_split": False},
         {"layout": "perfield", "lut": "prmt", "rotate_in_split": False},
