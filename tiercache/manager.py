@@ -17,8 +17,8 @@ Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored w
     prefetch(hashes) -> int                       plan warms DRAM → VRAM (e.g. from the advisor)
     take_jobs() -> list[TransferJob]              spills and warms planned since the last call
     complete_transfer(job_id, ok=True)            the worker finished a job: blocks move (or stay, on failure)
-    take_events() -> list[TierEvent]              everything that happened, with reasons
-    stats() -> dict, quick_check(), check(), close()
+    take_events() -> list[TierEvent]              everything that happened, with reasons (tiercache.event_log)
+    stats() -> dict, quick_check(), check(), close(), events_dropped
 
 Room: new blocks go to VRAM while it has free slots, else straight to DRAM. Whenever free VRAM drops below the
 watermark (spill_watermark × VRAM blocks), cold VRAM blocks are spilled to DRAM (not dropped), so VRAM keeps
@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from tiercache import invariants
 from tiercache.allocator import SlotAllocator
+from tiercache.event_log import EventLog
 from tiercache.events import DRAM, VRAM, DropEvent, EvictionEvent, HitEvent, MissEvent, StoreEvent, TierEvent
 from tiercache.index import BlockEntry, BlockIndex
 from tiercache.jobs import SPILL, WARM, PrepareLoadOutput, PrepareStoreOutput, TransferJob
@@ -61,16 +62,12 @@ class TierManager:
     ) -> None:
         self.codec_id = codec_id
         self.policy = policy or LRUPolicy(clock)
-        self._observes = type(self.policy).observe is not EvictionPolicy.observe
         self.clock = clock
         self.alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
         self.index = BlockIndex()
         self.watermark = math.ceil(vram_blocks * spill_watermark) if dram_blocks else 0
         self.mover = Mover(self)
-        self._events: list[TierEvent] = []
-        self._seq = 0
-        self._max_events = max_events
-        self.events_dropped = 0
+        self.log = EventLog(codec_id, self.policy, clock, max_events)
 
     @classmethod
     def from_config(cls, config, layout, codec_id: str, policy: EvictionPolicy | None = None) -> TierManager:
@@ -204,23 +201,14 @@ class TierManager:
         self.mover.complete(job_id, ok)
 
     def take_events(self) -> list[TierEvent]:
-        events, self._events = self._events, []
-        return events
+        return self.log.take()
 
     def emit(self, event_type: type[TierEvent], block_hash: bytes, reason: str, **fields) -> None:
-        self._seq += 1
-        event = event_type(self._seq, self.clock(), block_hash, self.codec_id, reason, **fields)
-        if self._observes:
-            try:
-                self.policy.observe(event)
-            except Exception:  # a policy bug must not break the cache
-                logger.exception("tiercache: eviction policy %s failed to observe an event", self.policy.name)
-        if len(self._events) >= self._max_events:
-            if not self.events_dropped:
-                logger.warning("tiercache: %d events not drained; dropping new ones", len(self._events))
-            self.events_dropped += 1
-            return
-        self._events.append(event)
+        self.log.emit(event_type, block_hash, reason, **fields)
+
+    @property
+    def events_dropped(self) -> int:
+        return self.log.dropped
 
     # ----------------------------------------------------------------- eviction
     def choose_victims(self, tier: str, n: int) -> list[tuple[BlockEntry, VictimDecision]]:

@@ -283,3 +283,23 @@ def test_duplicate_hashes_in_one_load():
         m.complete_transfer(job.job_id)
     m.complete_load([cold, cold])
     m.check()
+
+
+class BrokenObserver(EvictionPolicy):
+    name = "broken"
+
+    def choose_victims(self, tier, n, candidates):
+        return []
+
+    def observe(self, event):
+        raise RuntimeError("observer bug")
+
+
+def test_event_log_survives_a_failing_observer_and_bounds_undrained_events(caplog):
+    m = TierManager(8, 0, "c", policy=BrokenObserver(), clock=Clock(), max_events=3)
+    with caplog.at_level(logging.WARNING, logger="tiercache"):
+        store(m, range(5))
+    assert [e.seq for e in m.take_events()] == [1, 2, 3] and m.events_dropped == 2
+    assert "failed to observe" in caplog.text and caplog.text.count("not drained") == 1
+    m.lookup([h(0)])
+    assert [e.seq for e in m.take_events()] == [6]
