@@ -14,6 +14,7 @@ Verbs (mirroring vLLM's v1/kv_offload protocol; block hashes are bytes, stored w
     prepare_store(hashes) -> PrepareStoreOutput | None   (tier, slot) per new block: VRAM while free, else
                                                   straight to DRAM; None = no room in either (logged)
     complete_store(hashes, ok=True)               the blocks become readable (or are released)
+    abort_store(hashes, reason)                   prepared stores that will never be written: released
     prefetch(hashes) -> int                       plan warms DRAM → VRAM (e.g. from the advisor)
     take_jobs() -> list[TransferJob]              spills and warms planned since the last call
     complete_transfer(job_id, ok=True)            the worker finished a job: blocks move (or stay, on failure)
@@ -26,7 +27,8 @@ room for the next stores and warms; a DRAM-resident block that gets a load hit i
 full, its victims are dropped. Only when neither tier can make room (no DRAM tier, or DRAM all in flight) are
 cold VRAM blocks dropped for a store. A source slot is released only when the worker reports the move
 complete and no load still reads it, so jobs never race each other. Blocks with loads, stores or moves in
-flight are never victims. Not thread-safe: one scheduler thread calls it.
+flight are never victims. prepare_load and prepare_store either return what they reserved or raise having
+reserved nothing. Not thread-safe: one scheduler thread calls it.
 """
 
 from __future__ import annotations
@@ -114,8 +116,13 @@ class TierManager:
             entry.hits += 1
             self.index.touch(entry, now)
         out = PrepareLoadOutput(tuple(hashes), tuple(e.tier for e in entries), tuple(e.slot for e in entries))
-        self.mover.plan_warm([e for e in entries if e.tier == DRAM and e.move is None], "load hit in dram")
-        self.mover.make_vram_room(0)
+        warm = [e for e in entries if e.tier == DRAM and e.move is None]
+        try:
+            self.mover.plan_warm(warm, "load hit in dram")
+            self.mover.make_vram_room(0)
+        except Exception:  # the caller never learns of these pins: release them
+            self.complete_load(hashes)
+            raise
         return out
 
     def complete_load(self, hashes: Sequence[bytes], ok: bool = True) -> None:
@@ -168,7 +175,11 @@ class TierManager:
         now = self.clock()
         for block_hash, (tier, slot) in zip(new, placed, strict=False):
             self.index.add(BlockEntry(block_hash, self.codec_id, tier, slot, now, now))
-        self.mover.make_vram_room(0)  # restore the free-VRAM watermark by spilling cold blocks
+        try:
+            self.mover.make_vram_room(0)  # restore the free-VRAM watermark by spilling cold blocks
+        except Exception as exc:  # the caller never learns of these slots: release them
+            self.abort_store(new[:take], f"prepare_store failed: {exc!r}"[:200])
+            raise
         return PrepareStoreOutput(
             tuple(new[:take]),
             tuple(t for t, _ in placed),
@@ -179,19 +190,32 @@ class TierManager:
 
     def complete_store(self, hashes: Sequence[bytes], ok: bool = True) -> None:
         for block_hash in hashes:
-            entry = self.index.get(block_hash)
-            if entry is None or entry.ready:
-                raise ValueError(f"complete_store: block {block_hash.hex()[:16]} has no store in flight")
+            entry = self._storing(block_hash, "complete_store")
             if ok:
                 self.index.mark_ready(entry)
                 self.emit(StoreEvent, block_hash, "stored", tier=entry.tier, slot=entry.slot)
             else:
-                self.index.remove(entry)
-                self.alloc[entry.tier].free([entry.slot])
-                self.emit(
-                    StoreEvent, block_hash, "store failed", tier=entry.tier, slot=entry.slot, stored=False
-                )
+                self._release_store(entry, "store failed")
         self.mover.make_vram_room(0)
+
+    def abort_store(self, hashes: Sequence[bytes], reason: str) -> None:
+        """Prepared stores that will never be written (the caller failed before a worker got them): their
+        slots are freed and a StoreEvent(stored=False) per block records the reason. All or nothing:
+        ValueError, and nothing released, if a block has no store in flight."""
+        entries = [self._storing(h, "abort_store") for h in dict.fromkeys(hashes)]
+        for entry in entries:
+            self._release_store(entry, reason)
+
+    def _storing(self, block_hash: bytes, verb: str) -> BlockEntry:
+        entry = self.index.get(block_hash)
+        if entry is None or entry.ready:
+            raise ValueError(f"{verb}: block {block_hash.hex()[:16]} has no store in flight")
+        return entry
+
+    def _release_store(self, entry: BlockEntry, reason: str) -> None:
+        self.index.remove(entry)
+        self.alloc[entry.tier].free([entry.slot])
+        self.emit(StoreEvent, entry.block_hash, reason, tier=entry.tier, slot=entry.slot, stored=False)
 
     # ----------------------------------------------------------------- transfers and events
     def take_jobs(self) -> list[TransferJob]:

@@ -285,6 +285,63 @@ def test_duplicate_hashes_in_one_load():
     m.check()
 
 
+def test_abort_store_releases_exactly_the_prepared_slots():
+    m = make(vram=4, dram=4)
+    out = m.prepare_store([h(1), h(2), h(3)])
+    store(m, [4])
+    with pytest.raises(ValueError, match="abort_store: .* no store in flight"):
+        m.abort_store([h(1), h(4)], "x")  # h(4) is stored: nothing is released
+    assert m.alloc[VRAM].num_free == 0
+    m.take_events()
+    m.abort_store([h(1), h(2), h(2)], "store aborted: the step failed")
+    assert m.alloc[VRAM].num_free == 2 and m.lookup([h(1)], record=False) == 0
+    events = m.take_events()
+    assert [(e.block_hash, e.stored, e.reason) for e in events] == [
+        (h(1), False, "store aborted: the step failed"), (h(2), False, "store aborted: the step failed"),
+    ]  # fmt: skip
+    assert (events[0].tier, events[0].slot) == (VRAM, out.slots[0])
+    m.complete_store([h(3)])  # the store not aborted completes as usual
+    assert m.prepare_store([h(1)]).block_hashes == (h(1),)  # an aborted block can be stored again
+    m.check()
+
+
+def failing(*_args, **_kwargs):
+    raise RuntimeError("injected")
+
+
+def test_a_failing_prepare_store_reserves_nothing(monkeypatch):
+    m = make(vram=4, dram=4, watermark=0.25)
+    store(m, [1])
+    monkeypatch.setattr(m.mover, "make_vram_room", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        m.prepare_store([h(2), h(3), h(4)])
+    monkeypatch.undo()
+    assert len(m.index) == 1 and m.alloc[VRAM].num_free == 3
+    failed = [e for e in m.take_events() if e.kind == "store" and not e.stored]
+    assert [e.block_hash for e in failed] == [h(2), h(3), h(4)] and "injected" in failed[0].reason
+    m.check()
+    assert len(store(m, [2, 3, 4]).block_hashes) == 3
+    m.check()
+
+
+def test_a_failing_prepare_load_keeps_no_pins(monkeypatch):
+    m = make(vram=4, dram=4, watermark=0.25)
+    store(m, [1, 2, 3])
+    m.mover.plan_spill(2)
+    for job in m.take_jobs():
+        m.complete_transfer(job.job_id)
+    cold = [b for b, e in m.index.entries.items() if e.tier == DRAM]
+    monkeypatch.setattr(m.mover, "plan_warm", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        m.prepare_load(cold)
+    monkeypatch.undo()
+    assert all(m.index.get(b).refs == 0 and m.index.get(b).evictable for b in cold)
+    m.check()
+    assert m.prepare_load(cold).tiers == (DRAM, DRAM)
+    m.complete_load(cold)
+    m.check()
+
+
 class BrokenObserver(EvictionPolicy):
     name = "broken"
 
