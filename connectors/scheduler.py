@@ -6,6 +6,8 @@ Provides:
         num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events)
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
         build_meta(scheduler_output) -> TierCacheMetadata         loads + stores of newly full blocks + jobs
+                                                                  (all or nothing: see failed steps below)
+        failed_meta() -> TierCacheMetadata                        a step after build_meta raised: refused
         on_worker_meta(meta)                                      completions → complete_store/load/transfer
         request_finished(request_id)
         close()                                                   stops the inspection service and the policy
@@ -16,7 +18,8 @@ Provides:
 
 Loads are synchronous (vLLM's sync-load path): a block counted as loaded but refused or failed on a worker is
 reported by the worker as a load error and vLLM recomputes it. Stores happen in the step where a block
-becomes full (during that step's forward), so nothing is held at request end.
+becomes full (during that step's forward), so nothing is held at request end. Nothing stays in flight on a
+failure: a step whose metadata fails aborts the stores it prepared and unpins its refused loads.
 """
 
 from __future__ import annotations
@@ -132,8 +135,59 @@ class ConnectorScheduler:
 
     # ------------------------------------------------------------------ per step
     def build_meta(self, scheduler_output) -> TierCacheMetadata:
+        """This step's metadata: the queued loads, stores of the blocks that become full, planned jobs. All or
+        nothing: if any part fails, the stores this call prepared are aborted (slots freed, a StoreEvent says
+        why) and the step goes out with no stores or jobs and its loads refused (vLLM recomputes them)."""
         step, self._step = self._step, self._step + 1
-        loads = self._loads  # cleared once this metadata is complete (else failed_meta refuses them)
+        reserved: tuple[bytes, ...] = ()  # what this call's prepare_store reserved: aborted on failure
+        stores: list[list] = []
+        try:
+            wanted = self._wanted(scheduler_output)
+            if wanted:
+                out = self.manager.prepare_store(list(wanted))
+                if out is not None:
+                    reserved = out.block_hashes
+                    placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
+                    stores = [[h, t, s, wanted[h]] for h, t, s in placed]
+            self._observe_step(self._loads)
+            jobs = [job.to_dict() for job in self.manager.take_jobs()]  # the last call that can fail
+        except Exception as exc:
+            logger.exception("tiercache: building the metadata of step %d failed", step)
+            reason = f"store aborted: step {step}'s metadata failed: {exc!r}"[:200]
+            return self._failed(step, reserved, reason)
+        loads, self._loads = self._loads, []
+        self._in_flight[step] = ([s[0] for s in stores], [(x[0], bool(x[1])) for x in loads])
+        self._drain_events()
+        return TierCacheMetadata(step, loads, stores, jobs)
+
+    def failed_meta(self) -> TierCacheMetadata:
+        """A step's metadata after build_meta raised (the connector's last resort): as a failed build_meta."""
+        step, self._step = self._step, self._step + 1
+        return self._failed(step, (), "")
+
+    def _failed(self, step: int, reserved: tuple[bytes, ...], reason: str) -> TierCacheMetadata:
+        """No stores or jobs (planned jobs go out with the next step). The reserved stores are aborted; the
+        queued loads go out refused, so the workers report them as load errors and vLLM recomputes them, and
+        their pins are released now: nothing will read those blocks, and they stay good for later hits."""
+        loads, self._loads = self._loads, []
+        self._in_flight[step] = ([], [(x[0], False) for x in loads])
+        pinned = [x[0] for x in loads if x[1]]
+        try:
+            if reserved:
+                self.manager.abort_store(reserved, reason)
+            if pinned:
+                self.manager.complete_load(pinned)
+        except Exception:
+            logger.exception("tiercache: releasing step %d's stores and loads failed", step)
+        logger.warning(
+            "tiercache: step %d stores nothing (%d prepared stores aborted) and refuses its %d loads "
+            "(recomputed)", step, len(reserved), len(loads),
+        )  # fmt: skip
+        self._drain_events()
+        return TierCacheMetadata(step, [[x[0], "", -1, x[3]] for x in loads], [], [])
+
+    def _wanted(self, scheduler_output) -> dict[bytes, int]:
+        """Block hash → vLLM block id of each block that becomes full this step (tracks the block ids)."""
         wanted: dict[bytes, int] = {}
         for req_id, num_computed, new_ids, resumed in _scheduled(scheduler_output):
             state = self._requests.get(req_id)
@@ -148,28 +202,16 @@ class ConnectorScheduler:
             last = min(done // self.block_size, len(hashes), len(state.block_ids))
             for i in range(num_computed // self.block_size, last):
                 wanted.setdefault(hashes[i], state.block_ids[i])
-        stores: list[list] = []
-        if wanted:
-            out = self.manager.prepare_store(list(wanted))
-            if out is not None:
-                placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
-                stores = [[h, t, s, wanted[h]] for h, t, s in placed]
-        observe_step = getattr(self.manager.policy, "observe_step", None)
-        if observe_step is not None and len(loads) > 1:  # blocks used together this step (co_attend)
-            observe_step([x[0] for x in loads])
-        jobs = [job.to_dict() for job in self.manager.take_jobs()]
-        self._in_flight[step] = ([s[0] for s in stores], [(x[0], bool(x[1])) for x in loads])
-        self._loads = []
-        self._drain_events()
-        return TierCacheMetadata(step, loads, stores, jobs)
+        return wanted
 
-    def failed_meta(self) -> TierCacheMetadata:
-        """Metadata after build_meta failed: no stores or jobs; the queued loads go out refused, so the
-        workers report them as load errors (vLLM recomputes) and their pins are released as failed."""
-        step, self._step = self._step, self._step + 1
-        loads, self._loads = self._loads, []
-        self._in_flight[step] = ([], [(x[0], bool(x[1])) for x in loads])
-        return TierCacheMetadata(step, [[x[0], "", -1, x[3]] for x in loads], [], [])
+    def _observe_step(self, loads: list[list]) -> None:
+        observe_step = getattr(self.manager.policy, "observe_step", None)
+        if observe_step is None or len(loads) < 2:
+            return
+        try:  # blocks used together this step (co_attend); a policy hint must never cost the step
+            observe_step([x[0] for x in loads])
+        except Exception:
+            logger.exception("tiercache: eviction policy observe_step failed; continuing")
 
     def on_worker_meta(self, meta: TierCacheWorkerMeta | None) -> None:
         if meta is None:
@@ -211,8 +253,11 @@ class ConnectorScheduler:
     def _drain_events(self) -> None:
         events = self.manager.take_events()
         self.events.extend(events)
-        self.inspection.record(events)
-        self.inspection.publish(self.manager)  # rate-limited to one snapshot per 100 ms
+        try:  # inspection must never cost a step its loads or stores
+            self.inspection.record(events)
+            self.inspection.publish(self.manager)  # rate-limited to one snapshot per 100 ms
+        except Exception:
+            logger.exception("tiercache: inspection failed to record %d events", len(events))
 
 
 def _scheduled(scheduler_output):

@@ -1,4 +1,5 @@
-"""ConnectorScheduler without an engine: vLLM's Request and SchedulerOutput stood in by plain objects."""
+"""ConnectorScheduler (and the connector glue around it) without an engine: vLLM's Request and SchedulerOutput
+stood in by plain objects."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def make(world_size: int = 1, vram_blocks: int = 64) -> ConnectorScheduler:
 def request(rid: str, blocks: int, extra_tokens: int = 5, tag: int = 0):
     num_tokens = blocks * BS + extra_tokens
     hashes = [bytes([tag, i]) * 16 for i in range(num_tokens // BS)]  # vLLM hashes every full block
-    return SimpleNamespace(request_id=rid, num_tokens=num_tokens, block_hashes=hashes)
+    return SimpleNamespace(
+        request_id=rid, num_tokens=num_tokens, num_prompt_tokens=num_tokens, block_hashes=hashes
+    )
 
 
 def step_output(new=(), cached=(), scheduled=None):
@@ -105,4 +108,119 @@ def test_failed_loads_are_dropped_and_jobs_complete_once_every_rank_reported():
     assert sched.counters["load_failures"] == 1
     assert sched.num_matched_tokens(request("a3", 3, tag=0), 0) == BS
     assert any(e.kind == "drop" and "load failed" in e.reason for e in sched.events)
+    sched.manager.check()
+
+
+# ---------------------------------------------------------------------- failures while building a step
+def connector(sched: ConnectorScheduler):
+    """The real TierCacheConnector glue (its scheduler-side methods use only .scheduler) around `sched`."""
+    from tiercache.connectors.vllm import TierCacheConnector
+
+    glue = SimpleNamespace(scheduler=sched)
+    return SimpleNamespace(
+        build=lambda output: TierCacheConnector.build_connector_meta(glue, output),
+        report=lambda meta: TierCacheConnector.update_connector_output(
+            glue, SimpleNamespace(kv_connector_worker_meta=meta)
+        ),
+    )
+
+
+def injected(*_args, **_kwargs):
+    raise RuntimeError("injected")
+
+
+def in_flight(sched: ConnectorScheduler) -> tuple[int, int]:
+    """(stores in flight, loads in flight) the manager holds."""
+    entries = sched.manager.index.entries.values()
+    return sum(not e.ready for e in entries), sum(e.refs for e in entries)
+
+
+def admit(sched, rid: str, blocks: int, ids: list[int], tag: int = 0, external: int = 0):
+    """Admit a new request (its first `external` tokens loaded from the tiers); returns it and its first
+    step's (req_id, block_ids, num_computed) and number of scheduled tokens."""
+    req = request(rid, blocks, tag=tag)
+    sched.num_matched_tokens(req, 0)
+    sched.after_alloc(req, ids, external)
+    return req, (rid, ids, external), req.num_tokens - external
+
+
+def prefill(sched, rid: str, blocks: int, ids: list[int], tag: int = 0, external: int = 0):
+    req, new, scheduled = admit(sched, rid, blocks, ids, tag, external)
+    return req, step_output(new=[new], scheduled={rid: scheduled})
+
+
+def test_failure_after_prepare_store_aborts_exactly_its_stores(monkeypatch):
+    sched = make()
+    glue = connector(sched)
+    _, output = prefill(sched, "a", 2, [0, 1, 2], tag=1)  # stores of an earlier step, still in flight
+    earlier_meta = glue.build(output)
+    assert len(earlier_meta.stores) == 2
+    free = sched.manager.stats()["vram_free"]
+    req, output = prefill(sched, "b", 5, list(range(10, 16)))
+    monkeypatch.setattr(sched.manager, "take_jobs", injected)  # fails after prepare_store reserved 5 slots
+    meta = glue.build(output)
+    monkeypatch.undo()
+    assert meta.stores == [] and meta.jobs == []
+    assert sched.manager.stats()["vram_free"] == free and in_flight(sched) == (2, 0)  # the earlier 2 remain
+    sched.manager.check()
+    aborted = [e for e in sched.events if e.kind == "store" and not e.stored]
+    assert [e.block_hash for e in aborted] == req.block_hashes[:5]
+    assert all(f"step {meta.step}" in e.reason and "injected" in e.reason for e in aborted), aborted[0].reason
+    glue.report(all_ok(meta))
+    glue.report(all_ok(earlier_meta))
+    assert in_flight(sched) == (0, 0) and sched.counters["stored_blocks"] == 2
+    _, output = prefill(sched, "c", 5, list(range(20, 26)))  # the next step stores the same blocks normally
+    meta = glue.build(output)
+    assert [s[0] for s in meta.stores] == req.block_hashes[:5]
+    glue.report(all_ok(meta))
+    assert sched.num_matched_tokens(request("d", 5), 0) == 5 * BS and in_flight(sched) == (0, 0)
+    sched.manager.check()
+
+
+def test_failure_inside_prepare_store_reserves_nothing(monkeypatch):
+    sched = make(vram_blocks=8)
+    glue = connector(sched)
+    _, output = prefill(sched, "a", 7, list(range(8)))
+    monkeypatch.setattr(sched.manager.mover, "make_vram_room", injected)  # after the slots are allocated
+    meta = glue.build(output)
+    monkeypatch.undo()
+    assert meta.stores == [] and in_flight(sched) == (0, 0) and sched.manager.stats()["blocks"] == 0
+    assert sched.manager.stats()["vram_free"] == 8
+    sched.manager.check()
+
+
+def test_a_failed_step_refuses_its_loads_without_dropping_the_blocks(monkeypatch):
+    sched = make()
+    glue = connector(sched)
+    _, output = prefill(sched, "a", 5, list(range(6)))
+    glue.report(all_ok(glue.build(output)))
+    _, output = prefill(sched, "b", 5, list(range(10, 16)), external=5 * BS)  # 5 blocks pinned for loading
+    assert in_flight(sched) == (0, 5)
+    monkeypatch.setattr(sched.manager, "take_jobs", injected)
+    meta = glue.build(output)
+    monkeypatch.undo()
+    assert [(x[1], x[3]) for x in meta.loads] == [("", 10 + i) for i in range(5)]  # refused: vLLM recomputes
+    assert in_flight(sched) == (0, 0)  # nothing will read them: unpinned at once
+    glue.report(TierCacheWorkerMeta([[meta.step, [], [False] * 5]]))  # workers report refused loads as errors
+    assert sched.counters["load_failures"] == 5
+    assert sched.num_matched_tokens(request("c", 5), 0) == 5 * BS  # the blocks were fine: not dropped
+    assert not [e for e in sched.events if e.kind == "drop"]
+    sched.manager.check()
+
+
+def test_an_inspection_failure_after_the_metadata_is_complete_loses_nothing(monkeypatch):
+    sched = make()
+    glue = connector(sched)
+    _, output = prefill(sched, "a", 5, list(range(6)))
+    glue.report(all_ok(glue.build(output)))
+    req, loading, n_loading = admit(sched, "b", 5, list(range(10, 16)), external=5 * BS)
+    _, storing, n_storing = admit(sched, "e", 1, [30, 31], tag=7)
+    output = step_output(new=[loading, storing], scheduled={"b": n_loading, "e": n_storing})
+    monkeypatch.setattr(sched.inspection, "record", injected)
+    meta = glue.build(output)
+    monkeypatch.undo()
+    assert [(x[0], x[3]) for x in meta.loads] == list(zip(req.block_hashes[:5], range(10, 15), strict=True))
+    assert all(x[1] for x in meta.loads) and [s[3] for s in meta.stores] == [30]  # served and stored
+    glue.report(all_ok(meta))
+    assert in_flight(sched) == (0, 0) and sched.counters["loaded_blocks"] == 5
     sched.manager.check()
