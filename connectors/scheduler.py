@@ -19,7 +19,8 @@ Provides:
 Loads are synchronous (vLLM's sync-load path): a block counted as loaded but refused or failed on a worker is
 reported by the worker as a load error and vLLM recomputes it. Stores happen in the step where a block
 becomes full (during that step's forward), so nothing is held at request end. Nothing stays in flight on a
-failure: a step whose metadata fails aborts the stores it prepared and unpins its refused loads.
+failure: a step whose metadata fails aborts the stores it prepared and unpins its refused loads, and a
+worker report that does not match its step counts that step's items as failed.
 """
 
 from __future__ import annotations
@@ -223,6 +224,8 @@ class ConnectorScheduler:
                 logger.warning("tiercache: worker report for unknown step %s ignored", step)
                 continue
             store_hashes, load_hashes = self._in_flight.pop(step)
+            stores_ok = _aligned(stores_ok, len(store_hashes), step, "store")
+            loads_ok = _aligned(loads_ok, len(load_hashes), step, "load")
             for block_hash, ok in zip(store_hashes, stores_ok, strict=True):
                 self.manager.complete_store([block_hash], ok)
                 self.counters["stored_blocks" if ok else "store_failures"] += 1
@@ -258,6 +261,18 @@ class ConnectorScheduler:
             self.inspection.publish(self.manager)  # rate-limited to one snapshot per 100 ms
         except Exception:
             logger.exception("tiercache: inspection failed to record %d events", len(events))
+
+
+def _aligned(oks: list, n: int, step: int, what: str) -> list[bool]:
+    """A worker report that does not match its step's metadata is not trusted: every item counts as failed
+    (the manager still completes each one, so nothing stays in flight)."""
+    if len(oks) == n:
+        return [bool(ok) for ok in oks]
+    logger.error(
+        "tiercache: step %d: workers reported %d %s results for %d %ss; all count as failed",
+        step, len(oks), what, n, what,
+    )  # fmt: skip
+    return [False] * n
 
 
 def _scheduled(scheduler_output):

@@ -224,3 +224,18 @@ def test_an_inspection_failure_after_the_metadata_is_complete_loses_nothing(monk
     glue.report(all_ok(meta))
     assert in_flight(sched) == (0, 0) and sched.counters["loaded_blocks"] == 5
     sched.manager.check()
+
+
+def test_a_malformed_worker_report_fails_its_step_and_keeps_the_rest():
+    sched = make(vram_blocks=4)  # watermark: 1 free VRAM slot
+    glue = connector(sched)
+    _, output = prefill(sched, "a", 3, [0, 1, 2, 3])
+    glue.report(all_ok(glue.build(output)))
+    _, output = prefill(sched, "b", 2, [10, 11, 12], tag=5)
+    meta = glue.build(output)  # one store to VRAM, one to DRAM, and a spill to restore the watermark
+    assert len(meta.stores) == 2 and len(meta.jobs) == 1
+    jobs = [[meta.jobs[0]["job_id"], True]]
+    glue.report(TierCacheWorkerMeta([[meta.step, [True], []]], jobs))  # one store result missing
+    assert in_flight(sched) == (0, 0) and sched.manager.stats()["jobs_in_flight"] == 0
+    assert sched.counters["store_failures"] == 2 and sched.counters["stored_blocks"] == 3
+    sched.manager.check()
