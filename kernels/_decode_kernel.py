@@ -11,8 +11,7 @@ Tiles are dequantized either in field-major order (FIELD_MAJOR: shifts, one code
 [TILE, PG, NG] → [TILE, D]; the permutation is folded into the rotations) or in natural order (byte LUTs
 for 2/4/8-bit, fields interleaved with joins). Writes the normalised partial output and its base-2
 log-sum-exp.
-_decode_merge_kernel, grid (B·H,): merges the S partials by their log-sum-exps and rotates the result back
-once (· Π, or Π[perm, :] for field-major partials), writing the output in the query dtype.
+The partials are merged by _decode_merge_kernel (its own module).
 """
 
 from __future__ import annotations
@@ -168,39 +167,3 @@ def _load_tile(
     vw = load_packed_words(vp_ptr + block * svp_b + off * svp_o + h * svp_h, tmask, svp_p, V_BPG, V_NG)
     vn = tl.load(vn_ptr + block * svn_b + off * svn_o + h * svn_h, mask=tmask, other=0.0)
     return kw, kn, vw, vn
-
-
-@triton.jit
-def _decode_merge_kernel(
-    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32
-    rv_ptr,  # Π [D, D] f32
-    o_ptr, so_b, so_h,  # out [B, Hq, D] (last stride 1)
-    H, Hq, G, S,
-    D: tl.constexpr, GP: tl.constexpr, IEEE: tl.constexpr,
-):  # fmt: skip
-    b = tl.program_id(0) // H
-    h = tl.program_id(0) % H
-    g = tl.arange(0, GP)
-    gmask = g < G
-    d = tl.arange(0, D)
-    heads = h * G + g
-    row = (b * Hq + heads).to(tl.int64) * S
-    m = tl.full([GP], float("-inf"), dtype=tl.float32)
-    for s in range(S):
-        m = tl.maximum(m, tl.load(pl_ptr + row + s, mask=gmask, other=float("-inf")))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    wsum = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    for s in range(S):
-        w = tl.exp2(tl.load(pl_ptr + row + s, mask=gmask, other=float("-inf")) - m)
-        part = tl.load(po_ptr + (row + s)[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0)
-        acc += w[:, None] * part
-        wsum += w
-    acc = acc / tl.where(wsum > 0, wsum, 1.0)[:, None]
-    rv = tl.load(rv_ptr + d[:, None] * D + d[None, :])
-    if IEEE:  # noqa: SIM108 (constexpr branch)
-        out = tl.dot(acc, rv, input_precision="ieee")
-    else:
-        out = tl.dot(acc, rv, input_precision="tf32x3")
-    out_ptrs = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
-    tl.store(out_ptrs, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])

@@ -50,7 +50,8 @@ _LOG2E = 1.4426950408889634
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
 if HAVE_TRITON:
-    from ._decode_kernel import _decode_merge_kernel, _decode_split_kernel, _rotate_query_kernel
+    from ._decode_kernel import _decode_split_kernel, _rotate_query_kernel
+    from ._decode_merge_kernel import _decode_merge_kernel
     from ._decode_perfield_kernel import _decode_perfield_kernel
 
 
@@ -136,7 +137,7 @@ def tq_decode_attention(
     if layout == "perfield" and kt.bits in (2, 4, 8) and vt.bits in (2, 4, 8):
         _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                          kt, vt, workspace, scale, split_tokens, block_size, group, gp, ieee)  # fmt: skip
-        return _merge(workspace, vt.rot_perm, out, num_kv_heads, num_q_heads, group, head_dim, gp, ieee)
+        return _merge(workspace, vt.rot_perm, out)
     if layout == "perfield":  # 3-bit K or V
         layout = "reshape"
     # "reshape": field-major tiles; "natural": natural order + byte LUTs
@@ -164,15 +165,17 @@ def tq_decode_attention(
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
         num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
-    return _merge(workspace, vt.rot_perm if fields else vt.rot, out, num_kv_heads, num_q_heads, group,
-                  head_dim, gp, ieee)  # fmt: skip
+    return _merge(workspace, vt.rot_perm if fields else vt.rot, out)
 
 
-def _merge(workspace, rot, out, num_kv_heads, num_q_heads, group, head_dim, gp, ieee) -> torch.Tensor:
+def _merge(workspace: DecodeWorkspace, rot: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Log-sum-exp merge of the splits and the rotation back (rot: Π, or Π[perm, :] for field-major)."""
-    _decode_merge_kernel[(out.shape[0] * num_kv_heads,)](
+    batch, num_q_heads, head_dim = out.shape
+    splits = workspace.num_splits
+    _decode_merge_kernel[(batch * num_q_heads,)](
         workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
-        num_kv_heads, num_q_heads, group, workspace.num_splits, D=head_dim, GP=gp, IEEE=ieee, num_warps=4,
+        num_q_heads, splits, D=head_dim, SP=next_pow2(splits), SC=min(64, next_pow2(splits)), JC=32,
+        num_warps=4,
     )  # fmt: skip
     return out
 
