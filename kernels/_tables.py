@@ -56,6 +56,9 @@ class KernelTables:
     codebook_f16: torch.Tensor  # [2**bits] f16
     codebook_bf16: torch.Tensor  # [2**bits] bf16
     boundaries: torch.Tensor  # [2**bits − 1] f32
+    grid: torch.Tensor  # [cells] int64: (boundaries below cell k) << 32 | f32 bits of the boundary inside it
+    grid_offset: float  # cell(y) = clamp(floor(y · grid_inv_width + grid_offset), 0, cells − 1)
+    grid_inv_width: float
     rot_t: torch.Tensor  # [D, D] f32  Πᵀ (natural order: decode attention)
     rot: torch.Tensor  # [D, D] f32  Π
     byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
@@ -101,11 +104,23 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         codebook_f16=cb.to(torch.float16).to(device),
         codebook_bf16=cb.to(torch.bfloat16).to(device),
         boundaries=codec.boundaries.to(device),
+        grid=_packed_grid(codec).to(device),
+        grid_offset=float(codec.tables("cpu").grid.offset),
+        grid_inv_width=float(codec.tables("cpu").grid.inv_width),
         rot_t=rot.t().contiguous().to(device),
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
         prmt_asm=prmt_fields_asm(cb) if codec.bits == 4 else "",
     )
+
+
+def _packed_grid(codec: TurboQuantCodec) -> torch.Tensor:
+    """The codec's uniform-cell search table (see codec._UniformGrid) as one int64 word per cell, so a
+    kernel finds the nearest centroid with one gather:
+    index = (word >> 32) + (y > bitcast_f32(word & 0xFFFFFFFF))."""
+    grid = codec.tables("cpu").grid
+    bits = grid.bound.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return (grid.base.to(torch.int64) << 32) | bits
 
 
 def _byte_lut(codec: TurboQuantCodec) -> torch.Tensor:

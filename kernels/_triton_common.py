@@ -3,7 +3,7 @@
 Provides:
     unpack_field_major (jit)           packed rows → indices [R, D] in field-major order
     pack_field_major (jit)             field-major indices [R, D] → packed bytes, stored to rows
-    nearest_centroid (jit)             binary search: number of boundaries strictly below each value
+    nearest_centroid (jit)             uniform-cell table: number of boundaries strictly below each value
 
 Field-major order (see _tables.py): position p = k·NG + g holds index j = g·PG + k, where a packed vector
 is NG groups of PG indices in BPG bytes (bits 2 → PG 4, BPG 1; 3 → 8, 3; 4 → 2, 1; 8 → 1, 1).
@@ -70,14 +70,17 @@ def pack_field_major(
 
 
 @triton.jit
-def nearest_centroid(y, boundaries_ptr, BITS: tl.constexpr):
-    """Index of the nearest centroid of each value: the number of (sorted) boundaries strictly below it."""
-    lo = tl.zeros(y.shape, dtype=tl.int32)
-    for s in tl.static_range(BITS):
-        cand = lo + (1 << (BITS - 1 - s))
-        bound = tl.load(boundaries_ptr + cand - 1)
-        lo = tl.where(y > bound, cand, lo)
-    return lo
+def nearest_centroid(y, grid_ptr, grid_offset, grid_inv_width, cells):
+    """Index of the nearest centroid of each value (the number of boundaries strictly below it), int32.
+
+    One gather per value from the codec's uniform-cell table (_tables.py `grid`): a cell holds at most one
+    boundary, so index = boundaries below the cell + (y > the boundary inside it). Equal to a binary search
+    except where y lies within float rounding of a cell edge and of a boundary.
+    """
+    cell = tl.minimum(tl.maximum(y * grid_inv_width + grid_offset, 0.0), cells - 1).to(tl.int32)
+    word = tl.load(grid_ptr + cell)
+    bound = (word & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return (word >> 32).to(tl.int32) + (y > bound).to(tl.int32)
 
 
 @triton.jit

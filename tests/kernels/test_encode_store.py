@@ -56,6 +56,29 @@ def test_encode_store_matches_codec(k_bits, v_bits, head_dim, block_size, dtype)
     check_stored(value, slots, caches[2], caches[3], vc, block_size)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # ‖x‖² of the 1e38 rows
+@pytest.mark.parametrize("k_bits,v_bits", [(4, 4), (8, 4)])
+def test_encode_store_bf16_extreme_scales(k_bits, v_bits):
+    """bfloat16 rows far outside float16's range (the kernel rescales them by powers of two) and rows whose
+    entries span many decades still encode like codec.encode."""
+    gen = torch.Generator().manual_seed(7 + k_bits)
+    kc, vc = codec(128, k_bits, 1), codec(128, v_bits, 2)
+    scales = torch.tensor([1e-30, 1e-8, 1e-3, 1.0, 7e4, 1e12, 3e30, 1e38]).repeat(3)
+    key = (torch.randn(len(scales), 1, 128, generator=gen) * scales[:, None, None]).to(torch.bfloat16)
+    key[-1, 0, :64] *= 1e-20  # half of one row 20 decades below the other half
+    value = key.flip(0).contiguous()
+    slots = torch.arange(len(scales))
+    caches = [
+        torch.full((2, 16, 1, kc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((2, 16, 1), float("nan")),
+        torch.full((2, 16, 1, vc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((2, 16, 1), float("nan")),
+    ]
+    tq_encode_store(key, value, slots, *caches, kc, vc)
+    check_stored(key, slots, caches[0], caches[1], kc, 16)
+    check_stored(value, slots, caches[2], caches[3], vc, 16)
+
+
 def test_encode_store_rejects_wrong_cache():
     kc = codec(64, 4)
     key = torch.randn(3, 1, 64)
