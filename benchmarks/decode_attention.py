@@ -135,13 +135,17 @@ def sweep_configs() -> list[dict]:
         {"maxnreg": 80, "programs_per_sm": 6},
         {"num_warps": 2, "maxnreg": 128, "programs_per_sm": 8},
         {"prefetch": True},
+        {"min_wave_fill": 1.0},
+        {"split_overhead_tiles": 1.0},
+        {"split_overhead_tiles": 4.0},
+        {"programs_per_sm": 8},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]
 
 
 def sweep(copy_gbs: float, adopt: bool) -> None:
     """Launch-configuration sweep (CUDA-graph µs); with `adopt`, the tables use the best (geometric mean)."""
-    shapes = [(1, 32768, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4), (16, 32768, 8, 4)]
+    shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4), (16, 32768, 8, 4)]
     cases = {s: Case(*s, dense=False) for s in shapes}
     base = dict(decode_module.CONFIG)
     best, best_score = base, math.inf

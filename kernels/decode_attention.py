@@ -20,6 +20,7 @@ bfloat16/float16 queries use bfloat16 operands with float32 accumulation, like b
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,7 +40,9 @@ CONFIG = {
     "lut": "prmt",  # perfield, 16-bit operands: 4-bit centroids by register permutes; "gather": byte LUTs
     # for 2-/4-bit ("prmt" falls back to it for 2-bit and under the interpreter); "none": codebook lookups
     "tile": 64,
-    "programs_per_sm": 5,
+    "programs_per_sm": 5,  # programs resident per SM (96 registers × 128 threads: 5 fit)
+    "min_wave_fill": 1.0,  # split planning: fill at least this fraction of one wave of programs
+    "split_overhead_tiles": 2.0,  # split planning: fixed cost of one program, in tile steps
     "num_warps": 4,
     "num_stages": 1,
     "prefetch": False,
@@ -47,6 +50,7 @@ CONFIG = {
     "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
 }
 _LOG2E = 1.4426950408889634
+_ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
 if HAVE_TRITON:
@@ -56,9 +60,31 @@ if HAVE_TRITON:
 
 
 def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Splits per (sequence, kv head) so that the grid fills the GPU; at least one tile per split."""
-    want = -(-CONFIG["programs_per_sm"] * num_sms(device) // max(1, batch * num_kv_heads))
-    return max(1, min(want, -(-max_tokens // CONFIG["tile"])))
+    """Splits per (sequence, kv head): the fewest that minimise the tile steps on the critical path.
+
+    With `programs_per_sm` programs resident per SM, the grid runs in waves of that many programs per SM;
+    a program walks ceil(tiles / splits) tiles plus a fixed cost (`split_overhead_tiles`: prologue, partial
+    write, its share of the merge), so the time is ~ waves × (tiles per program + overhead). Plans that fill
+    less than `min_wave_fill` of one wave are skipped unless every tile already has its own program.
+    """
+    tiles = -(-max_tokens // CONFIG["tile"])
+    capacity = CONFIG["programs_per_sm"] * num_sms(device)
+    return _plan_splits(
+        batch * num_kv_heads, tiles, capacity, CONFIG["min_wave_fill"], CONFIG["split_overhead_tiles"]
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_splits(rows: int, tiles: int, capacity: int, min_fill: float, overhead: float) -> int:
+    best_cost, best = math.inf, tiles
+    for splits in range(1, tiles + 1):
+        programs = rows * splits
+        if programs < min_fill * capacity and splits < tiles:
+            continue
+        cost = -(-programs // capacity) * (-(-tiles // splits) + overhead)
+        if cost < best_cost:
+            best_cost, best = cost, splits
+    return best
 
 
 @dataclass
@@ -148,9 +174,10 @@ def tq_decode_attention(
     rot_q = kt.rot_t_perm if fields else kt.rot_t
     rotate_in_split = CONFIG["rotate_in_split"]
     if not rotate_in_split:
-        _rotate_query_kernel[(batch * num_kv_heads,)](
+        _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
             q, q.stride(0), q.stride(1), rot_q, q_rot,
-            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, num_warps=4,
+            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, DC=_ROTATE_COLUMNS,
+            num_warps=4,
         )  # fmt: skip
     LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), rot_q, scale * _LOG2E,
@@ -192,9 +219,9 @@ def _launch_perfield(
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
     rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
     if not rotate_in_split:
-        _rotate_query_kernel[(batch * num_kv_heads,)](
+        _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
             q, q.stride(0), q.stride(1), kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3, q_rot,
-            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp,
+            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, DC=_ROTATE_COLUMNS,
             SPLIT16=not ieee, UPCAST=interpreting(), num_warps=4,
         )  # fmt: skip
     LAST_COMPILED["split"] = _decode_perfield_kernel[(batch * num_kv_heads, splits)](
