@@ -135,9 +135,8 @@ def sweep_configs() -> list[dict]:
         {"maxnreg": 80, "programs_per_sm": 6},
         {"num_warps": 2, "maxnreg": 128, "programs_per_sm": 8},
         {"prefetch": True},
-        {"min_wave_fill": 1.0},
-        {"split_overhead_tiles": 1.0},
-        {"split_overhead_tiles": 4.0},
+        {"pdl": False},
+        {"min_wave_fill": 0.9},
         {"programs_per_sm": 8},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]

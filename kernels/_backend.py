@@ -5,6 +5,7 @@ Provides:
     interpreting() -> bool             TRITON_INTERPRET=1 is set
     use_triton(*tensors) -> bool       Triton on CUDA tensors, or anywhere under TRITON_INTERPRET=1
     num_sms(device) -> int             multiprocessor count (cached; a small constant off-GPU)
+    pdl_supported(device) -> bool      programmatic dependent launch: Hopper or newer, Triton with launch_pdl
     next_pow2(n) -> int
 """
 
@@ -40,3 +41,24 @@ def num_sms(device: torch.device) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on `device` may be launched with programmatic dependent launch (PDL): a CUDA device of
+    compute capability ≥ 9.0 and a Triton whose launcher takes `launch_pdl`; never under the interpreter."""
+    if device.type != "cuda" or interpreting() or not HAVE_TRITON:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _pdl_supported(index)
+
+
+@functools.cache
+def _pdl_supported(index: int) -> bool:
+    if torch.cuda.get_device_capability(index)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__

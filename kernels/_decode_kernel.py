@@ -19,7 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_common import dequant_natural, dot16, load_packed_words, words_to_field_major
+from ._triton_common import (
+    dequant_natural,
+    dot16,
+    load_packed_words,
+    pdl_launch_dependents,
+    words_to_field_major,
+)
 
 
 @triton.jit
@@ -29,8 +35,9 @@ def _rotate_query_kernel(
     qr_ptr,  # out: rotated query [B, Hq, D] in the operand dtype (contiguous)
     H, Hq, G, qk_scale,
     D: tl.constexpr, GP: tl.constexpr, DC: tl.constexpr, SPLIT16: tl.constexpr = False,
-    UPCAST: tl.constexpr = False,
+    UPCAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_launch_dependents(PDL)  # the split kernel may launch now; it waits before reading the rotated query
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
     g = tl.arange(0, GP)

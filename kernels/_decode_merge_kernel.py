@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._triton_common import pdl_wait
+
 
 @triton.jit
 def _decode_merge_kernel(
@@ -18,8 +20,9 @@ def _decode_merge_kernel(
     rot_ptr,  # [D, D] f32: merged row @ rot = output row
     o_ptr, so_b, so_h,  # out [B, Hq, D] (last stride 1)
     Hq, S,
-    D: tl.constexpr, SP: tl.constexpr, SC: tl.constexpr, JC: tl.constexpr,
+    D: tl.constexpr, SP: tl.constexpr, SC: tl.constexpr, JC: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)  # the partials come from the split kernel
     pid = tl.program_id(0)
     b = pid // Hq
     hq = pid % Hq

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_common import dot16
+from ._triton_common import dot16, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -113,11 +113,13 @@ def _decode_perfield_kernel(
     IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, ROTATE_Q: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_NG: tl.constexpr, K_LUT: tl.constexpr, K_ASM: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_NG: tl.constexpr, V_LUT: tl.constexpr, V_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
     s = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
+    pdl_wait(PDL)  # the rotated query comes from the previous kernel
     start = s * split_tokens
     end = tl.minimum(start + split_tokens, ctx)
     g = tl.arange(0, GP)
@@ -211,6 +213,7 @@ def _decode_perfield_kernel(
                     pv, _field(vl, 3, vtab_ptr, V_BITS, V_LUT, cdt), acc3 * alpha[:, None], IEEE, UPCAST
                 )
         m_i = m_new
+    pdl_launch_dependents(PDL)  # the merge may launch; it waits for these partials
     has = l_i > 0
     inv = 1.0 / tl.where(has, l_i, 1.0)
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))

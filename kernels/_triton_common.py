@@ -4,6 +4,7 @@ Provides:
     unpack_field_major (jit)           packed rows → indices [R, D] in field-major order
     pack_field_major (jit)             field-major indices [R, D] → packed bytes, stored to rows
     nearest_centroid (jit)             uniform-cell table: number of boundaries strictly below each value
+    pdl_wait, pdl_launch_dependents (jit)   programmatic dependent launch hooks (no-ops unless PDL)
 
 Field-major order (see _tables.py): position p = k·NG + g holds index j = g·PG + k, where a packed vector
 is NG groups of PG indices in BPG bytes (bits 2 → PG 4, BPG 1; 3 → 8, 3; 4 → 2, 1; 8 → 1, 1).
@@ -13,6 +14,25 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+try:  # Triton ≥ 3.3 on CUDA; the hooks are only compiled in with PDL=True (see _backend.pdl_supported)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Under programmatic dependent launch: block until the previous kernel's writes are visible."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_launch_dependents(PDL: tl.constexpr):
+    """Under programmatic dependent launch: let the next kernel start launching (its reads still wait)."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, use_triton
+from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, pdl_supported, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
 from ._tables import kernel_tables
 from .codec import TurboQuantCodec
@@ -48,6 +48,7 @@ CONFIG = {
     "prefetch": False,
     "rotate_in_split": False,  # each split rotates its queries (one launch fewer) vs a separate launch
     "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
+    "pdl": True,  # programmatic dependent launch of the split and merge kernels (Hopper+, not interpreted)
 }
 _LOG2E = 1.4426950408889634
 _ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)
@@ -199,10 +200,11 @@ def _merge(workspace: DecodeWorkspace, rot: torch.Tensor, out: torch.Tensor) -> 
     """Log-sum-exp merge of the splits and the rotation back (rot: Π, or Π[perm, :] for field-major)."""
     batch, num_q_heads, head_dim = out.shape
     splits = workspace.num_splits
+    pdl = _pdl(out.device)
     _decode_merge_kernel[(batch * num_q_heads,)](
         workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
         num_q_heads, splits, D=head_dim, SP=next_pow2(splits), SC=min(64, next_pow2(splits)), JC=32,
-        num_warps=4,
+        PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 
@@ -218,11 +220,12 @@ def _launch_perfield(
     ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
     rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
+    pdl = _pdl(q.device)
     if not rotate_in_split:
         _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
             q, q.stride(0), q.stride(1), kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3, q_rot,
             num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, DC=_ROTATE_COLUMNS,
-            SPLIT16=not ieee, UPCAST=interpreting(), num_warps=4,
+            SPLIT16=not ieee, UPCAST=interpreting(), PDL=pdl, num_warps=4,
         )  # fmt: skip
     LAST_COMPILED["split"] = _decode_perfield_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), kt.rot_t_perm_bf16x3, scale * _LOG2E,
@@ -235,8 +238,13 @@ def _launch_perfield(
         PREFETCH=CONFIG["prefetch"], ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=kt.prmt_asm,
         V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=vt.prmt_asm,
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
+        PDL=pdl, num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
+
+
+def _pdl(device: torch.device) -> bool:
+    return bool(CONFIG["pdl"]) and pdl_supported(device)
 
 
 def _lut_mode(tables, ieee: bool) -> int:
