@@ -23,6 +23,7 @@ import inspect
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ STDLIB_MODULES = """
 """.split()  # noqa: SIM905
 
 KVFn = Callable[[torch.Tensor], torch.Tensor]
+_TQ_CONFIG = re.compile(r"K([1-8])(u?)V([1-8])(u?)")
 
 
 # ---------------------------------------------------------------- corpus
@@ -115,8 +117,8 @@ def gather_tokens(tokenizer, n_tokens: int) -> tuple[torch.Tensor, str]:
 # ---------------------------------------------------------------- K/V quantizers and the attention function
 
 
-def _turboquant(bits: int, head_dim: int, seed: int) -> KVFn:
-    codec = TurboQuantCodec(head_dim, bits, seed=seed, rotation=ROTATION)
+def _turboquant(bits: int, head_dim: int, seed: int, codebook: str = "lloyd") -> KVFn:
+    codec = TurboQuantCodec(head_dim, bits, seed=seed, rotation=ROTATION, codebook=codebook)
     return lambda x: codec.decode(*codec.encode(x), dtype=x.dtype)
 
 
@@ -125,16 +127,24 @@ def _fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def make_config(name: str, head_dim: int, seed: int = 0) -> tuple[KVFn, KVFn]:
-    """(key fn, value fn) for a config name: none, fp8, or K<bits>V<bits> (both codecs use `seed`)."""
+    """(key fn, value fn) for a config name: none, fp8, or K<bits>[u]V<bits>[u] (both codecs use `seed`).
+
+    A "u" after a width selects the uniform (affine) codebook for that side, e.g. K8uV4; else Lloyd-Max.
+    """
     if name == "none":
         return (lambda x: x), (lambda x: x)
     if name == "fp8":
         return _fp8, _fp8
-    if name.startswith("K") and "V" in name:
-        k_bits, v_bits = (int(b) for b in name[1:].split("V"))
-        return _turboquant(k_bits, head_dim, seed), _turboquant(v_bits, head_dim, seed)
+    match = _TQ_CONFIG.fullmatch(name)
+    if match:
+        k_bits, k_uniform, v_bits, v_uniform = match.groups()
+        return (
+            _turboquant(int(k_bits), head_dim, seed, "uniform" if k_uniform else "lloyd"),
+            _turboquant(int(v_bits), head_dim, seed, "uniform" if v_uniform else "lloyd"),
+        )
     raise ValueError(
-        f"unknown config {name!r}; valid: none, fp8, K<bits>V<bits> e.g. {', '.join(ALL_CONFIGS)}"
+        f"unknown config {name!r}; valid: none, fp8, K<bits>[u]V<bits>[u] (u = uniform codebook) "
+        f"e.g. {', '.join(ALL_CONFIGS)}, K8uV4"
     )
 
 

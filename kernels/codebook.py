@@ -1,14 +1,25 @@
-"""Lloyd-Max codebooks for the coordinates of a rotated unit vector.
+"""Scalar codebooks (Lloyd-Max and uniform) for the coordinates of a rotated unit vector.
 
 Provides:
     coordinate_pdf(t, head_dim)      density of one coordinate of a uniform unit vector in R^head_dim
     lloyd_max_codebook(head_dim, bits) -> (centroids, boundaries, mse_per_coordinate), numpy float64, cached
+    uniform_codebook(head_dim, bits)   -> the same triple for the best affine codebook, cached
+    CODEBOOKS                        name → one of the two functions ("lloyd", "uniform")
 
 After a Haar rotation each coordinate of a unit vector in R^d follows the marginal of a uniform point on
 S^{d-1}: density ∝ (1 − t²)^((d−3)/2) on [−1, 1]. The MSE-optimal scalar quantizer for that density is the
 Lloyd-Max fixed point: boundaries are midpoints of neighbouring centroids, each centroid is the conditional
 mean of its cell. We solve it on a dense grid with cumulative moments, so every iteration is a handful of
 interpolations over 2^bits cells.
+
+The uniform codebook is affine, c_k = step·(k − (n − 1)/2) for k = 0..n−1 (n = 2^bits), boundaries at the
+midpoints, so a kernel can compute a centroid from its index instead of reading a table. Only `step` is
+free; it minimises the MSE for the same density, computed with the same cumulative moments as Lloyd-Max
+(so the two MSEs are comparable). The search is a log-spaced scan over step·n·√d ∈ [0.5, 64] followed by
+a golden-section refinement around the best scan point. The found step is then rounded to 16 significant
+bits: every centroid step·(k − (n−1)/2) is then exact in float32 (a half-integer below 2^8 has ≤ 8
+significant bits), so float32 arithmetic in a kernel reproduces the float32 table bit for bit; the rounding
+changes the MSE by a relative ~1e-10.
 """
 
 from __future__ import annotations
@@ -24,6 +35,10 @@ _MAX_ITERS = 20_000
 _TOL = 1e-12
 _OVER_RELAXATION = 1.8  # c ← c + ω·(lloyd(c) − c); ω = 1.8 cuts the iterations 2–4× at every width tested
 _SOLVER_VERSION = 1  # bump when the solver changes, so cached codebooks are recomputed
+_UNIFORM_VERSION = 1  # the same for uniform_codebook's step search
+_STEP_SCAN = 400  # log-spaced scan points before the golden-section refinement
+_STEP_RANGE = (0.5, 64.0)  # scanned range of step · levels · √head_dim (optima: ≈ 3.2 at 1 bit, ≈ 8 at 8)
+_STEP_SIGNIFICANT_BITS = 16  # step · (k − (n−1)/2) stays exact in float32 (24-bit significand)
 
 
 def coordinate_pdf(t: np.ndarray, head_dim: int) -> np.ndarray:
@@ -72,11 +87,33 @@ def _compander_start(head_dim: int, levels: int) -> np.ndarray:
     return np.interp((np.arange(levels) + 0.5) / levels, cdf, t)
 
 
-def _cache_path(head_dim: int, bits: int) -> Path:
+def _cache_path(head_dim: int, bits: int, kind: str = "lloyd_max", version: int = _SOLVER_VERSION) -> Path:
     root = os.environ.get("TIERCACHE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tiercache"
     )
-    return Path(root) / "codebooks" / f"lloyd_max_v{_SOLVER_VERSION}_d{head_dim}_b{bits}.npy"
+    return Path(root) / "codebooks" / f"{kind}_v{version}_d{head_dim}_b{bits}.npy"
+
+
+def _check_arguments(head_dim: int, bits: int) -> None:
+    if head_dim < 4:
+        raise ValueError(f"head_dim must be at least 4 for the sphere-marginal density, got {head_dim}")
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be an integer in 1..8, got {bits}")
+
+
+def _quantizer_mse(centroids: np.ndarray, boundaries: np.ndarray, tables: tuple[np.ndarray, ...]) -> float:
+    """Σ over cells of ∫ (t − c)² f = m2 − 2 c m1 + c² m0, the outer cells reaching ±1."""
+    edges = np.concatenate(([-1.0], boundaries, [1.0]))
+    mass, first, second = _cell_moments(edges, tables)
+    return float(np.sum(second - 2.0 * centroids * first + centroids**2 * mass))
+
+
+def _frozen(centroids: np.ndarray, mse: float) -> tuple[np.ndarray, np.ndarray, float]:
+    centroids = centroids.copy()
+    boundaries = 0.5 * (centroids[1:] + centroids[:-1])
+    centroids.setflags(write=False)
+    boundaries.setflags(write=False)
+    return centroids, boundaries, mse
 
 
 @functools.cache
@@ -87,25 +124,72 @@ def lloyd_max_codebook(head_dim: int, bits: int) -> tuple[np.ndarray, np.ndarray
     sorted ascending and symmetric about 0. The expected squared error of a unit vector is
     head_dim · mse_per_coordinate.
     """
-    if head_dim < 4:
-        raise ValueError(f"head_dim must be at least 4 for the sphere-marginal density, got {head_dim}")
-    if not 1 <= bits <= 8:
-        raise ValueError(f"bits must be an integer in 1..8, got {bits}")
+    _check_arguments(head_dim, bits)
     path = _cache_path(head_dim, bits)
     centroids = _try_load(path, 1 << bits)
     if centroids is None:
         centroids = _solve(head_dim, bits)
         _try_save(path, centroids)
-    tables = _moment_tables(head_dim)
     boundaries = 0.5 * (centroids[1:] + centroids[:-1])
-    edges = np.concatenate(([-1.0], boundaries, [1.0]))
-    mass, first, second = _cell_moments(edges, tables)
-    # Σ over cells of ∫ (t − c)² f = m2 − 2 c m1 + c² m0
-    mse = float(np.sum(second - 2.0 * centroids * first + centroids**2 * mass))
-    centroids = centroids.copy()
-    centroids.setflags(write=False)
-    boundaries.setflags(write=False)
-    return centroids, boundaries, mse
+    return _frozen(centroids, _quantizer_mse(centroids, boundaries, _moment_tables(head_dim)))
+
+
+@functools.cache
+def uniform_codebook(head_dim: int, bits: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The MSE-optimal affine codebook c_k = step·(k − (2**bits − 1)/2) for the same density.
+
+    Returns (centroids [2**bits], boundaries [2**bits − 1] (midpoints), mse_per_coordinate), float64, like
+    lloyd_max_codebook, whose MSE it never beats. `step` (= centroids[1] − centroids[0]) is found by a scan
+    and golden-section search, then rounded to 16 significant bits (see the module docstring).
+    """
+    _check_arguments(head_dim, bits)
+    levels = 1 << bits
+    path = _cache_path(head_dim, bits, "uniform", _UNIFORM_VERSION)
+    cached = _try_load(path, levels)
+    step = float(cached[1] - cached[0]) if cached is not None else None
+    if step is None or not np.array_equal(cached, _affine(step, levels)):
+        step = _round_significant(_best_step(head_dim, levels), _STEP_SIGNIFICANT_BITS)
+        _try_save(path, _affine(step, levels))
+    centroids = _affine(step, levels)
+    boundaries = 0.5 * (centroids[1:] + centroids[:-1])
+    return _frozen(centroids, _quantizer_mse(centroids, boundaries, _moment_tables(head_dim)))
+
+
+def _affine(step: float, levels: int) -> np.ndarray:
+    return step * (np.arange(levels, dtype=np.float64) - 0.5 * (levels - 1))
+
+
+def _round_significant(x: float, significant_bits: int) -> float:
+    mantissa, exponent = np.frexp(x)
+    return float(np.ldexp(np.round(np.ldexp(mantissa, significant_bits)), exponent - significant_bits))
+
+
+def _best_step(head_dim: int, levels: int) -> float:
+    """Step minimising the uniform quantizer's MSE: log-spaced scan, then golden section on log(step)."""
+    tables = _moment_tables(head_dim)
+
+    def mse(log_step: float) -> float:
+        centroids = _affine(float(np.exp(log_step)), levels)
+        return _quantizer_mse(centroids, 0.5 * (centroids[1:] + centroids[:-1]), tables)
+
+    scale = levels * np.sqrt(head_dim)
+    grid = np.linspace(np.log(_STEP_RANGE[0] / scale), np.log(_STEP_RANGE[1] / scale), _STEP_SCAN)
+    best = int(np.argmin([mse(g) for g in grid]))
+    assert 0 < best < _STEP_SCAN - 1, f"uniform step search hit the edge of its range (levels {levels})"
+    lo, hi = grid[best - 1], grid[best + 1]
+    ratio = (np.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = mse(a), mse(b)
+    while hi - lo > 1e-12:
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = mse(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = mse(b)
+    return float(np.exp(0.5 * (lo + hi)))
 
 
 def _solve(head_dim: int, bits: int) -> np.ndarray:
@@ -149,3 +233,6 @@ def _try_save(path: Path, centroids: np.ndarray) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+CODEBOOKS = {"lloyd": lloyd_max_codebook, "uniform": uniform_codebook}

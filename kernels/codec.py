@@ -1,11 +1,12 @@
 """TurboQuant codec (Zandieh et al., arXiv:2504.19874), pure PyTorch.
 
 Provides:
-    TurboQuantCodec(head_dim, bits, seed, rotation)   encode / decode of [..., head_dim] vectors
-    SUPPORTED_HEAD_DIMS
+    TurboQuantCodec(head_dim, bits, seed, rotation, codebook)   encode / decode of [..., head_dim] vectors
+    SUPPORTED_HEAD_DIMS, CODEBOOK_KINDS ("lloyd", "uniform")
 
-Encode x ∈ R^d: γ = ‖x‖, u = x/γ, y = Π·u, each y_j → index of the nearest Lloyd-Max centroid, pack the
-indices; store (packed, γ). Decode: ŷ = c[idx], x̂ = γ·Πᵀ·ŷ. This is the reference every Triton kernel is
+Encode x ∈ R^d: γ = ‖x‖, u = x/γ, y = Π·u, each y_j → index of the nearest centroid (Lloyd-Max, or the
+best affine codebook c_k = step·(k − (2^bits − 1)/2) with codebook="uniform"), pack the indices; store
+(packed, γ). Decode: ŷ = c[idx], x̂ = γ·Πᵀ·ŷ. This is the reference every Triton kernel is
 checked against and the CPU path of the tiers and the connector.
 """
 
@@ -14,34 +15,48 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .codebook import lloyd_max_codebook
+from .codebook import CODEBOOKS
 from .packing import VALID_BITS, group_shape, pack_indices, unpack_indices
 from .rotation import ROTATIONS, haar_rotation, hadamard_rotation
 
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 112, 128, 160, 192, 256)
+CODEBOOK_KINDS = tuple(CODEBOOKS)  # ("lloyd", "uniform")
 CODEC_FORMAT_VERSION = 1
 
 
 class TurboQuantCodec:
-    """One TurboQuant quantizer: fixed head_dim, bit width, rotation kind and seed.
+    """One TurboQuant quantizer: fixed head_dim, bit width, rotation kind, seed and codebook kind.
+
+    codebook="lloyd" (Lloyd-Max, lowest MSE) or "uniform" (affine: codebook[k] = float32(step·(k − (n−1)/2)),
+    n = 2**bits, exact in float32, so a kernel may compute centroids instead of looking them up).
 
     Attributes (float32, CPU; device copies are made on first use and cached):
-        codebook    [2**bits]            Lloyd-Max centroids, ascending, for a rotated unit-vector coordinate
+        codebook    [2**bits]            centroids, ascending, for a rotated unit-vector coordinate
+        codebook_kind                    "lloyd" or "uniform"
         boundaries  [2**bits − 1]        midpoints between neighbouring centroids
         rotation    [head_dim, head_dim] orthogonal Π; y = rotation @ u
         packed_dim  head_dim * bits // 8 bytes per vector
         expected_mse                     E‖u − û‖² for a uniformly random unit vector u (from the density)
-        codec_id                         stable string naming (format, head_dim, bits, rotation, seed)
+        codec_id                         stable string naming (format, head_dim, bits, rotation, seed,
+                                         codebook: "-uniform" appended; Lloyd-Max ids carry no suffix)
     """
 
-    def __init__(self, head_dim: int = 128, bits: int = 4, seed: int = 0, rotation: str = "haar") -> None:
-        _validate(head_dim, bits, seed, rotation)
+    def __init__(
+        self,
+        head_dim: int = 128,
+        bits: int = 4,
+        seed: int = 0,
+        rotation: str = "haar",
+        codebook: str = "lloyd",
+    ) -> None:
+        _validate(head_dim, bits, seed, rotation, codebook)
         self.head_dim = head_dim
         self.bits = bits
         self.seed = seed
         self.rotation_kind = rotation
+        self.codebook_kind = codebook
         self.packed_dim = head_dim * bits // 8
-        centroids, boundaries, mse_per_coordinate = lloyd_max_codebook(head_dim, bits)
+        centroids, boundaries, mse_per_coordinate = CODEBOOKS[codebook](head_dim, bits)
         self.expected_mse = head_dim * mse_per_coordinate
         self.codebook = torch.tensor(centroids, dtype=torch.float32)
         self.boundaries = torch.tensor(boundaries, dtype=torch.float32)
@@ -51,7 +66,7 @@ class TurboQuantCodec:
 
     @property
     def codec_id(self) -> str:
-        return f"tq{CODEC_FORMAT_VERSION}-d{self.head_dim}-b{self.bits}-{self.rotation_kind}-s{self.seed}"
+        return codec_id(self.head_dim, self.bits, self.rotation_kind, self.seed, self.codebook_kind)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TurboQuantCodec) and other.codec_id == self.codec_id
@@ -62,7 +77,7 @@ class TurboQuantCodec:
     def __repr__(self) -> str:
         return (
             f"TurboQuantCodec(head_dim={self.head_dim}, bits={self.bits}, seed={self.seed}, "
-            f"rotation={self.rotation_kind!r})"
+            f"rotation={self.rotation_kind!r}, codebook={self.codebook_kind!r})"
         )
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +217,13 @@ class _UniformGrid:
         )
 
 
-def _validate(head_dim: int, bits: int, seed: int, rotation: str) -> None:
+def codec_id(head_dim: int, bits: int, rotation: str, seed: int, codebook: str = "lloyd") -> str:
+    """TurboQuantCodec.codec_id without building the codec (Lloyd-Max ids predate the codebook choice)."""
+    suffix = "" if codebook == "lloyd" else f"-{codebook}"
+    return f"tq{CODEC_FORMAT_VERSION}-d{head_dim}-b{bits}-{rotation}-s{seed}{suffix}"
+
+
+def _validate(head_dim: int, bits: int, seed: int, rotation: str, codebook: str) -> None:
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in VALID_BITS:
         raise ValueError(f"bits must be an integer in 1..8, got {bits!r}")
     if rotation not in ROTATIONS:
@@ -216,3 +237,5 @@ def _validate(head_dim: int, bits: int, seed: int, rotation: str) -> None:
         )
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if not isinstance(codebook, str) or codebook not in CODEBOOK_KINDS:
+        raise ValueError(f"codebook must be one of {CODEBOOK_KINDS}, got {codebook!r}")
