@@ -6,9 +6,12 @@ field-major order (see _tables.py) it is the contiguous column range k·NG … k
 query and of the partial output. So scores are Σ_k q[:, field k] · c[field k]ᵀ and the output is PG
 accumulators [GP, NG], one per field: every step from the byte load to the dot operand is elementwise,
 which leaves Triton nothing to shuffle but the dot operands themselves.
-LUT (2- and 4-bit, 16-bit operands): one lookup per byte in a 256-entry table packing the byte's PG bf16
-centroids; otherwise one codebook lookup per index. ROTATE_Q (16-bit queries): the split rotates its G
-query heads itself with tensor-core products against Πᵀ[:, perm] split in three bf16 terms.
+Lookups with 16-bit operands (K_LUT / V_LUT): one per byte in a 256-entry table packing the byte's PG
+bf16 centroids (mode 1); 4-bit centroids from register permutes (mode 2, inline PTX); for keys with a
+symmetric uniform 8-bit codebook the exact integers k − 128 in float16 against the query times the step,
+plus step·Σq/2 per score (mode 3, inline PTX); otherwise one codebook lookup per index (mode 0).
+ROTATE_Q (16-bit queries): the split rotates its G query heads itself with tensor-core products against
+Πᵀ[:, perm] split in three bf16 terms.
 Writes the normalised partial output (field-major) and its base-2 log-sum-exp, like _decode_split_kernel.
 """
 
@@ -66,6 +69,12 @@ def _prmt_fields(byte, ASM: tl.constexpr):
 
 
 @triton.jit
+def _uniform_field(byte, ASM: tl.constexpr):
+    """8-bit indices [R, NG] uint8 → k − 128 as float16 (exact), by register permutes (UNIFORM8_ASM)."""
+    return tl.inline_asm_elementwise(ASM, "=r,=r,r", [byte], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
 def _field(w, k: tl.constexpr, tab_ptr, BITS: tl.constexpr, LUT: tl.constexpr, dtype: tl.constexpr):
     """Centroids of field k [R, NG] in `dtype` from LUT entries (LUT) or byte words."""
     if LUT == 1:
@@ -113,7 +122,7 @@ def _decode_perfield_kernel(
     IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, ROTATE_Q: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_NG: tl.constexpr, K_LUT: tl.constexpr, K_ASM: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_NG: tl.constexpr, V_LUT: tl.constexpr, V_ASM: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, k_step=1.0,  # k_step: the key codebook step (K_LUT 3)
 ):  # fmt: skip
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
@@ -143,6 +152,9 @@ def _decode_perfield_kernel(
             qr_ptr, q_ptr, sq_b, sq_h, rq_ptr, qk_scale, b, heads, gmask, Hq, 3, K_NG, D, ROTATE_Q, UPCAST
         )
     cdt = q0.dtype
+    if K_LUT == 3:  # uniform 8-bit keys: float16 query scaled by the codebook step, and the score offset
+        q_step = (q0.to(tl.float32) * k_step).to(tl.float16)
+        q_half_sum = 0.5 * tl.sum(q_step.to(tl.float32), axis=1)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc0 = tl.zeros([GP, V_NG], dtype=tl.float32)
@@ -179,6 +191,9 @@ def _decode_perfield_kernel(
             k0, k1 = _prmt_fields(kw_c, K_ASM)
             qk = _mma(q0, tl.trans(k0), tl.zeros([GP, TILE], dtype=tl.float32), IEEE, UPCAST)
             qk = _mma(q1, tl.trans(k1), qk, IEEE, UPCAST)
+        elif K_LUT == 3:  # Σ q·c[k] = Σ (step·q)·(k − 128) + Σ (step·q)/2
+            qk = tl.dot(q_step, tl.trans(_uniform_field(kw_c, K_ASM)), tl.zeros([GP, TILE], dtype=tl.float32))
+            qk += q_half_sum[:, None]
         else:
             kl = _lookup(kw_c, ktab_ptr, K_LUT)
             qk = _mma(q0, tl.trans(_field(kl, 0, ktab_ptr, K_BITS, K_LUT, cdt)),
@@ -198,6 +213,7 @@ def _decode_perfield_kernel(
             v0, v1 = _prmt_fields(vw_c, V_ASM)
             acc0 = _mma(pv, v0, acc0 * alpha[:, None], IEEE, UPCAST)
             acc1 = _mma(pv, v1, acc1 * alpha[:, None], IEEE, UPCAST)
+
         else:
             vl = _lookup(vw_c, vtab_ptr, V_LUT)
             acc0 = _mma(pv, _field(vl, 0, vtab_ptr, V_BITS, V_LUT, cdt), acc0 * alpha[:, None], IEEE, UPCAST)

@@ -63,6 +63,7 @@ class KernelTables:
     rot: torch.Tensor  # [D, D] f32  Π
     byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
     prmt_asm: str  # 4-bit: PTX for the two bf16 fields of 4 packed bytes, in registers; else ""
+    uniform_step: float | None  # 8-bit symmetric uniform codebook: codebook[k] = step·(k − 127.5); else None
 
 
 _CACHE: dict[tuple[str, torch.device], KernelTables] = {}
@@ -111,6 +112,7 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
         prmt_asm=prmt_fields_asm(cb) if codec.bits == 4 else "",
+        uniform_step=uniform_step(cb),
     )
 
 
@@ -166,3 +168,26 @@ def prmt_fields_asm(codebook: torch.Tensor) -> str:
     lines += ["prmt.b32 $0, l0, h0, 0x6240;", "prmt.b32 $1, l1, h1, 0x6240;",
               "prmt.b32 $2, l0, h0, 0x7351;", "prmt.b32 $3, l1, h1, 0x7351;", "}"]  # fmt: skip
     return " ".join(lines)
+
+
+def uniform_step(codebook: torch.Tensor) -> float | None:
+    """For a symmetric uniform 8-bit codebook — codebook[k] = step·(k − 127.5) to within 2 float32 ulps of its
+    largest magnitude — the step, else None."""
+    c = codebook.to(torch.float64)
+    if c.numel() != 256:
+        return None
+    step = (c[-1] - c[0]).item() / 255
+    k = torch.arange(256, dtype=torch.float64)
+    err = (c - step * (k - 127.5)).abs().max().item()
+    return step if err <= 2 * torch.finfo(torch.float32).eps * c.abs().max().item() else None
+
+
+# tl.inline_asm_elementwise(pack=4), one float16 output: 4 bytes of 8-bit indices k ($2) → k − 128 as float16
+# ($0: bytes 0–1, $1: bytes 2–3, low half first), exactly. `prmt` writes each byte under the float16 exponent
+# of 1024 (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it. The decode kernel multiplies the
+# query by the codebook step and adds step · 0.5 · Σ q to the scores: Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2).
+UNIFORM8_ASM = " ".join([
+    "{", ".reg .b32 m, c, h0, h1;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
+    "prmt.b32 h0, $2, m, 0x4140;", "prmt.b32 h1, $2, m, 0x4342;",
+    "sub.f16x2 $0, h0, c;", "sub.f16x2 $1, h1, c;", "}",
+])  # fmt: skip

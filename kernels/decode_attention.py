@@ -28,7 +28,7 @@ import torch
 
 from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, pdl_supported, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
-from ._tables import kernel_tables
+from ._tables import UNIFORM8_ASM, kernel_tables
 from .codec import TurboQuantCodec
 from .reference import decode_attention_reference
 
@@ -216,7 +216,7 @@ def _launch_perfield(
     """The split kernel with one dot per packed field (2/4/8-bit K and V); partials in field-major order."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, splits = k_packed.shape[2], workspace.num_splits
-    k_lut, v_lut = _lut_mode(kt, ieee), _lut_mode(vt, ieee)
+    k_lut, v_lut = _lut_mode(kt, ieee, keys=True), _lut_mode(vt, ieee, keys=False)
     ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
     rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
@@ -236,23 +236,34 @@ def _launch_perfield(
         num_kv_heads, num_q_heads, group, splits, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=CONFIG["tile"], IEEE=ieee, UPCAST=interpreting(),
         PREFETCH=CONFIG["prefetch"], ROTATE_Q=rotate_in_split,
-        K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=kt.prmt_asm,
-        V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=vt.prmt_asm,
-        PDL=pdl, num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
+        K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
+        V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
+        PDL=pdl, k_step=kt.uniform_step or 1.0,
+        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
+
+
+def _asm(tables, lut_mode: int) -> str:
+    return UNIFORM8_ASM if lut_mode == 3 else tables.prmt_asm
 
 
 def _pdl(device: torch.device) -> bool:
     return bool(CONFIG["pdl"]) and pdl_supported(device)
 
 
-def _lut_mode(tables, ieee: bool) -> int:
-    """0: one codebook lookup per index; 1: one byte-LUT lookup per byte; 2: byte-LUT entries from prmt."""
+def _lut_mode(tables, ieee: bool, keys: bool) -> int:
+    """0: one codebook lookup per index; 1: one byte-LUT lookup per byte; 2: 4-bit byte-LUT entries from
+    prmt; 3 (keys): a symmetric uniform 8-bit codebook by arithmetic. Modes 2 and 3 are inline PTX, which
+    the interpreter cannot run (it takes mode 0 or 1, which compute the same centroids)."""
     mode = CONFIG["lut"]
-    if ieee or mode == "none" or tables.bits not in (2, 4):
+    if ieee or mode == "none":
         return 0
-    if mode == "prmt" and tables.bits == 4 and not interpreting():  # the interpreter has no inline PTX
+    if tables.bits == 8:
+        return 3 if keys and tables.uniform_step is not None and not interpreting() else 0
+    if tables.bits not in (2, 4):
+        return 0
+    if mode == "prmt" and tables.bits == 4 and not interpreting():
         return 2
     return 1
 

@@ -2,11 +2,12 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from kernel_cases import codec
 
-from tiercache.kernels._tables import prmt_fields_asm
+from tiercache.kernels._tables import UNIFORM8_ASM, prmt_fields_asm, uniform_step
 
 
 def _prmt(a: int, b: int, selector: int) -> int:
@@ -52,3 +53,37 @@ def test_prmt_fields_asm_matches_the_codebook(head_dim):
             low = (regs["$0" if e < 2 else "$1"] >> (16 * (e % 2))) & 0xFFFF
             high = (regs["$2" if e < 2 else "$3"] >> (16 * (e % 2))) & 0xFFFF
             assert (low, high) == (bf16[byte & 15], bf16[byte >> 4])
+
+
+def _f16x2_sub(a: int, b: int) -> int:
+    halves = np.array([a & 0xFFFF, a >> 16, b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
+    diff = np.array([halves[0] - halves[2], halves[1] - halves[3]], dtype=np.float16).view(np.uint16)
+    return int(diff[0]) | (int(diff[1]) << 16)
+
+
+def test_uniform8_asm_gives_the_centred_indices_exactly():
+    prmt = lambda a, b, c: _prmt(a, b, c & 0xFFFF)
+    ops = {"mov.b32": lambda a: a, "prmt.b32": prmt, "sub.f16x2": _f16x2_sub}
+    rng = random.Random(1)
+    for word in [0, 0xFFFFFFFF, 0x03020100, 0x80FF7F01] + [rng.getrandbits(32) for _ in range(500)]:
+        regs = {"$2": word}
+        for ins in UNIFORM8_ASM.strip("{} ").split(";"):
+            ins = ins.strip()
+            if not ins or ins.startswith(".reg"):
+                continue
+            op, rest = ins.split(None, 1)
+            dest, *srcs = (t.strip() for t in rest.split(","))
+            regs[dest] = ops[op](*(regs[x] if x in regs else int(x, 0) for x in srcs)) & 0xFFFFFFFF
+        halves = np.array([regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16],
+                          dtype=np.uint16).view(np.float16)  # fmt: skip
+        assert [float(h) for h in halves] == [((word >> (8 * e)) & 0xFF) - 128 for e in range(4)]
+
+
+def test_uniform_step_recognises_only_symmetric_uniform_8bit_codebooks():
+    step = 0.0013
+    k = torch.arange(256, dtype=torch.float64)
+    uniform = (step * (k - 127.5)).to(torch.float32)
+    assert uniform_step(uniform) == pytest.approx(step, rel=1e-6)
+    assert uniform_step((step * k - 0.1).to(torch.float32)) is None  # affine but not centred
+    assert uniform_step(codec(128, 8, 1).codebook) is None  # Lloyd-Max
+    assert uniform_step(codec(128, 4, 1).codebook) is None
