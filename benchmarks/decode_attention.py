@@ -24,7 +24,7 @@ from tiercache.kernels import decode_attention as decode_module
 
 SHAPES = [(1, 4096), (1, 32768), (16, 4096), (16, 32768), (64, 8192)]
 HQ, H, D, BS = 32, 8, 128, 16
-PRESETS = {"k4v4": (4, 4), "k8v4": (8, 4)}
+PRESETS = {"k4v4": (4, 4, "lloyd"), "k8v4": (8, 4, "lloyd"), "k8uv4": (8, 4, "uniform")}  # keys codebook
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 1,
           "prefetch": True, "rotate_in_split": True, "lut": "gather", "maxnreg": None}  # fmt: skip
@@ -33,8 +33,9 @@ BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4,
 class Case:
     """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA."""
 
-    def __init__(self, batch: int, seq: int, k_bits: int, v_bits: int, dense: bool = True):
-        self.kc, self.vc = TurboQuantCodec(D, k_bits, seed=1), TurboQuantCodec(D, v_bits, seed=2)
+    def __init__(self, batch: int, seq: int, k_bits: int, v_bits: int, k_codebook="lloyd", dense=True):
+        self.kc = TurboQuantCodec(D, k_bits, seed=1, codebook=k_codebook)
+        self.vc = TurboQuantCodec(D, v_bits, seed=2)
         nb = batch * seq // BS
         dev = "cuda"
         self.query = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
@@ -106,10 +107,10 @@ def time_with(case: Case, config: dict) -> tuple[float, float]:
 
 
 def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = False) -> None:
-    k_bits, v_bits = PRESETS[name]
-    print(f"\n{name}: K{k_bits}V{v_bits}")
+    k_bits, v_bits, k_codebook = PRESETS[name]
+    print(f"\n{name}: K{k_bits}V{v_bits}, {k_codebook} key codebook")
     for batch, seq in SHAPES:
-        case = Case(batch, seq, k_bits, v_bits)
+        case = Case(batch, seq, k_bits, v_bits, k_codebook)
         if (batch, seq) == (16, 4096):
             print(f"  check vs f32 SDPA over the dequantized cache: rel err {check(case):.2e}")
         row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}
@@ -211,7 +212,7 @@ def print_tables(results: list[dict], copy_gbs: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", default="k4v4,k8v4")
+    parser.add_argument("--presets", default="k4v4,k8v4,k8uv4")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
     parser.add_argument("--json", default=None)

@@ -85,3 +85,23 @@ def test_decode_launch_variants(monkeypatch, config, k_bits, v_bits):
         out = tq_decode_attention(*args)
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_decode_uniform_8bit_keys(dtype, tol):
+    """A uniform 8-bit key codebook (on the GPU it takes the arithmetic path; here the same centroids come
+    from the table) against the float64 reference."""
+    from tiercache.kernels import TurboQuantCodec
+
+    gen = torch.Generator().manual_seed(3)
+    kc, vc = TurboQuantCodec(128, 8, seed=1, codebook="uniform"), codec(128, 4, 2)
+    lens, block_size, heads = [1, 17, 333], 16, 2
+    num_blocks = sum(-(-n // block_size) for n in lens) + 4
+    kp, kn = random_cache(num_blocks, block_size, heads, kc, gen)
+    vp, vn = random_cache(num_blocks, block_size, heads, vc, gen)
+    tables = random_block_tables(lens, block_size, num_blocks, gen)
+    query = (torch.randn(len(lens), heads * 4, 128, generator=gen) * 2).to(dtype)
+    args = (query, kp, kn, vp, vn, tables, torch.tensor(lens, dtype=torch.int32), kc, vc)
+    out = tq_decode_attention(*args)
+    ref = decode_attention_reference(query.double(), *args[1:], compute_dtype=torch.float64)
+    assert rel_err(out, ref) <= tol

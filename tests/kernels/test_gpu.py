@@ -130,3 +130,28 @@ def test_encode_and_dequantize_cuda_graph():
     blocks, offsets = slots // 16, slots % 16
     assert (packed[blocks, offsets] != want_packed).any(-1).float().mean().item() < 2e-3
     assert rel_err(out[blocks, offsets], kc.decode(want_packed, want_norms, torch.float64)) < 1e-2
+
+
+@pytest.mark.parametrize("head_dim,block_size,group", SHAPES)
+def test_decode_gpu_uniform_8bit_keys(head_dim, block_size, group):
+    """Keys with a uniform 8-bit codebook take the arithmetic path (inline PTX, LUT mode 3) with 16-bit
+    queries; float32 queries the IEEE path. Both against the float64 reference."""
+    from tiercache.kernels import TurboQuantCodec
+    from tiercache.kernels._tables import kernel_tables
+
+    gen = torch.Generator().manual_seed(group)
+    kc, vc = TurboQuantCodec(head_dim, 8, seed=1, codebook="uniform"), codec(head_dim, 4, 2)
+    assert decode_module._lut_mode(kernel_tables(kc, DEV), False, keys=True) == 3
+    lens = [1, 17, 333, 4099]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 16
+    kp, kn = random_cache(num_blocks, block_size, 8, kc, gen, DEV)
+    vp, vn = random_cache(num_blocks, block_size, 8, vc, gen, DEV)
+    tables = random_block_tables(lens, block_size, num_blocks, gen).to(DEV)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+        query = (torch.randn(len(lens), 8 * group, head_dim, generator=gen) * 2).to(DEV, dtype)
+        args = (query, kp, kn, vp, vn, tables, ctx, kc, vc)
+        out = torch.full_like(query, float("nan"))
+        tq_decode_attention(*args, out=out)
+        ref = decode_attention_reference(query.double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= tol, dtype
