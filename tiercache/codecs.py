@@ -2,6 +2,8 @@
 
 Provides:
     PRESETS                      name → (key bits, value bits); None bits = lossless raw bytes
+    PRESET_CODEBOOKS             name → (key codebook, value codebook) where not Lloyd-Max for both
+    CODEBOOKS                    ("lloyd", "uniform"): Lloyd-Max, or affine centroids a kernel can compute
     KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors;
                                  .codec_id(head_dim, dtype) without building anything
     RawCodec(head_dim, dtype)    lossless: packed = the raw bytes of `dtype`, norms = zeros
@@ -25,8 +27,12 @@ PRESETS: dict[str, tuple[int | None, int | None]] = {
     "k3v4": (3, 4),
     "tq3": (3, 3),
     "k8v8": (8, 8),
+    "k8v4u": (8, 4),  # uniform (affine) 8-bit keys: arithmetic centroids in the decode kernel
     "none": (None, None),
 }
+# name → (key codebook, value codebook); presets not listed use Lloyd-Max for both.
+PRESET_CODEBOOKS: dict[str, tuple[str, str]] = {"k8v4u": ("uniform", "lloyd")}
+CODEBOOKS = ("lloyd", "uniform")
 NORM_BYTES = (
     4  # one float32 norm per vector (TurboQuant); raw codecs keep a zero norm so pools stay one format
 )
@@ -34,25 +40,48 @@ NORM_BYTES = (
 
 @dataclass(frozen=True)
 class KVCodecSpec:
-    """Which codec keys and values use. bits None = lossless (raw bytes of the model dtype)."""
+    """Which codec keys and values use. bits None = lossless (raw bytes of the model dtype).
+
+    key_codebook / value_codebook: "lloyd" (Lloyd-Max, lowest MSE) or "uniform" (affine centroids); they
+    apply to TurboQuant sides only and must stay "lloyd" for a lossless side.
+    """
 
     key_bits: int | None
     value_bits: int | None
     seed: int = 0
     rotation: str = "haar"
+    key_codebook: str = "lloyd"
+    value_codebook: str = "lloyd"
+
+    def __post_init__(self) -> None:
+        for side, codebook, bits in (
+            ("key", self.key_codebook, self.key_bits),
+            ("value", self.value_codebook, self.value_bits),
+        ):
+            if codebook not in CODEBOOKS:
+                raise ValueError(f"{side}_codebook must be one of {', '.join(CODEBOOKS)}, got {codebook!r}")
+            if bits is None and codebook != "lloyd":
+                raise ValueError(
+                    f"{side}_codebook={codebook!r} needs {side}_bits: lossless {side}s have no codebook"
+                )
 
     @classmethod
     def from_preset(cls, name: str) -> KVCodecSpec:
         if name not in PRESETS:
             raise ValueError(f"unknown codec preset {name!r}; valid presets: {', '.join(PRESETS)}")
-        return cls(*PRESETS[name])
+        key_codebook, value_codebook = PRESET_CODEBOOKS.get(name, ("lloyd", "lloyd"))
+        return cls(*PRESETS[name], key_codebook=key_codebook, value_codebook=value_codebook)
 
     @property
     def name(self) -> str:
+        codebooks = (self.key_codebook, self.value_codebook)
         for preset, bits in PRESETS.items():
-            if bits == (self.key_bits, self.value_bits):
+            if bits == (self.key_bits, self.value_bits) and codebooks == PRESET_CODEBOOKS.get(
+                preset, ("lloyd", "lloyd")
+            ):
                 return preset
-        return f"k{self.key_bits or 'raw'}v{self.value_bits or 'raw'}"
+        k_mark, v_mark = ("u" if codebook == "uniform" else "" for codebook in codebooks)
+        return f"k{self.key_bits or 'raw'}{k_mark}v{self.value_bits or 'raw'}{v_mark}"
 
     @property
     def lossless(self) -> bool:
@@ -74,14 +103,14 @@ class KVCodecSpec:
 
     def codec_id(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str:
         """KVCodec.codec_id without building codebooks or rotations (for the scheduler side)."""
-        from tiercache.kernels.codec import CODEC_FORMAT_VERSION
+        from tiercache.kernels.codec import codec_id
 
-        def one(bits: int | None) -> str:
+        def one(bits: int | None, codebook: str) -> str:
             if bits is None:
                 return f"raw1-d{head_dim}-{str(dtype).removeprefix('torch.')}"
-            return f"tq{CODEC_FORMAT_VERSION}-d{head_dim}-b{bits}-{self.rotation}-s{self.seed}"
+            return codec_id(head_dim, bits, self.rotation, self.seed, codebook)
 
-        return f"K:{one(self.key_bits)}|V:{one(self.value_bits)}"
+        return f"K:{one(self.key_bits, self.key_codebook)}|V:{one(self.value_bits, self.value_codebook)}"
 
 
 def _packed_dim(bits: int | None, head_dim: int, dtype_bytes: int) -> int:
@@ -131,8 +160,8 @@ class KVCodec:
         self.spec = spec
         self.head_dim = head_dim
         self.dtype = dtype
-        self.keys = _build_one(spec.key_bits, spec, head_dim, dtype)
-        self.values = _build_one(spec.value_bits, spec, head_dim, dtype)
+        self.keys = _build_one(spec.key_bits, spec.key_codebook, spec, head_dim, dtype)
+        self.values = _build_one(spec.value_bits, spec.value_codebook, spec, head_dim, dtype)
 
     @property
     def codec_id(self) -> str:
@@ -151,9 +180,9 @@ class KVCodec:
         return f"KVCodec({self.spec.name}, keys={self.keys!r}, values={self.values!r})"
 
 
-def _build_one(bits: int | None, spec: KVCodecSpec, head_dim: int, dtype: torch.dtype):
+def _build_one(bits: int | None, codebook: str, spec: KVCodecSpec, head_dim: int, dtype: torch.dtype):
     if bits is None:
         return RawCodec(head_dim, dtype)
     from tiercache.kernels.codec import TurboQuantCodec
 
-    return TurboQuantCodec(head_dim, bits, seed=spec.seed, rotation=spec.rotation)
+    return TurboQuantCodec(head_dim, bits, seed=spec.seed, rotation=spec.rotation, codebook=codebook)

@@ -9,7 +9,8 @@ Provides:
     host_memory_bytes() / device_memory_bytes()   what the machine has (for the start-up check)
 
 Shape (every key optional; see examples/tiers.yaml):
-    codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, none) or {keys: 8, values: 4}
+    codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, k8v4u, none) or {keys: 8, values: 4}
+                             # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
     tiers: {vram: 4GiB, dram: 32GiB}       # or "2M tokens"
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}
     inspect: {socket: auto}
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiercache.codecs import PRESETS, KVCodecSpec
+from tiercache.codecs import CODEBOOKS, PRESETS, KVCodecSpec
 from tiercache.errors import ConfigError
 from tiercache.units import DURATION_FORMS, SIZE_FORMS, Size, format_bytes, parse_duration, parse_size
 
@@ -34,7 +35,11 @@ CONFIG_ENV = "TIERCACHE_CONFIG"
 DEFAULT_CODEC = "k8v4"
 POLICIES = ("graph", "lru")
 ROTATIONS = ("haar", "hadamard")
-_CODEC_FORMS = f"a preset ({', '.join(PRESETS)}) or a mapping such as {{keys: 8, values: 4}}"
+_CODEC_FORMS = (
+    f"a preset ({', '.join(PRESETS)}) or a mapping such as {{keys: 8, values: 4}} "
+    f"(optionally key_codebook / value_codebook: {' or '.join(CODEBOOKS)})"
+)
+_CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_codebook")
 _BITS_FORMS = 'an integer 1..8, or "none" for lossless'
 
 
@@ -131,6 +136,10 @@ class TierCacheConfig:
             "keys": spec.key_bits or "none", "values": spec.value_bits or "none",
             "seed": spec.seed, "rotation": spec.rotation,
         }  # fmt: skip
+        if isinstance(codec, dict):  # codebooks only when not the default, so older readers still parse it
+            for side, book in (("key", spec.key_codebook), ("value", spec.value_codebook)):
+                if book != "lloyd":
+                    codec[f"{side}_codebook"] = book
         return {
             "codec": codec,
             "tiers": {"vram": _size_str(self.tiers.vram), "dram": _size_str(self.tiers.dram)},
@@ -263,18 +272,30 @@ def _codec(raw: Any, source: str) -> KVCodecSpec:
         return KVCodecSpec.from_preset(raw)
     if not isinstance(raw, dict):
         raise ConfigError(f"codec: got {raw!r} ({source}); expected {_CODEC_FORMS}")
-    _check_keys(raw, ("keys", "values", "seed", "rotation"), "codec.", source)
+    _check_keys(raw, _CODEC_KEYS, "codec.", source)
     for key in ("keys", "values"):
         if key not in raw:
             raise ConfigError(f"codec.{key}: missing ({source}); expected {_BITS_FORMS}")
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"codec.seed: got {seed!r} ({source}); expected a non-negative integer")
+    key_bits = _bits("codec.keys", raw["keys"], source)
+    value_bits = _bits("codec.values", raw["values"], source)
+    codebooks = {}
+    for side, bits in (("key", key_bits), ("value", value_bits)):
+        codebook = _choice(f"codec.{side}_codebook", raw.get(f"{side}_codebook", "lloyd"), CODEBOOKS, source)
+        if bits is None and codebook != "lloyd":
+            raise ConfigError(
+                f"codec.{side}_codebook: got {codebook!r} ({source}) but codec.{side}s is lossless (none), "
+                f"which has no codebook; drop codec.{side}_codebook or give codec.{side}s a bit width"
+            )
+        codebooks[f"{side}_codebook"] = codebook
     return KVCodecSpec(
-        key_bits=_bits("codec.keys", raw["keys"], source),
-        value_bits=_bits("codec.values", raw["values"], source),
+        key_bits=key_bits,
+        value_bits=value_bits,
         seed=seed,
         rotation=_choice("codec.rotation", raw.get("rotation", "haar"), ROTATIONS, source),
+        **codebooks,
     )
 
 

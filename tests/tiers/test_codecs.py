@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tiercache.codecs import PRESETS, KVCodecSpec, RawCodec
+from tiercache.codecs import CODEBOOKS, PRESETS, KVCodecSpec, RawCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -33,7 +33,9 @@ def test_presets_shape_contract(preset):
 
 
 @pytest.mark.parametrize("spec", [KVCodecSpec(4, 4), KVCodecSpec(8, 4, seed=3, rotation="hadamard"),
-                                  KVCodecSpec(None, 4), KVCodecSpec(None, None)])  # fmt: skip
+                                  KVCodecSpec(None, 4), KVCodecSpec(None, None),
+                                  KVCodecSpec(8, 4, key_codebook="uniform"),
+                                  KVCodecSpec(None, 4, seed=2, value_codebook="uniform")])  # fmt: skip
 def test_spec_codec_id_matches_the_built_pair(spec):
     assert spec.codec_id(64, torch.float16) == spec.build(64, torch.float16).codec_id
 
@@ -54,3 +56,60 @@ def test_bytes_per_token_formula():
 def test_unknown_preset():
     with pytest.raises(ValueError, match="valid presets: tq4, k8v4"):
         KVCodecSpec.from_preset("tq5")
+
+
+# Pool contents are keyed by codec_id: the ids of the Lloyd-Max presets must never change.
+PINNED_IDS = {
+    "tq4": "K:tq1-d128-b4-haar-s0|V:tq1-d128-b4-haar-s0",
+    "k8v4": "K:tq1-d128-b8-haar-s0|V:tq1-d128-b4-haar-s0",
+    "k3v4": "K:tq1-d128-b3-haar-s0|V:tq1-d128-b4-haar-s0",
+    "tq3": "K:tq1-d128-b3-haar-s0|V:tq1-d128-b3-haar-s0",
+    "k8v8": "K:tq1-d128-b8-haar-s0|V:tq1-d128-b8-haar-s0",
+    "k8v4u": "K:tq1-d128-b8-haar-s0-uniform|V:tq1-d128-b4-haar-s0",
+    "none": "K:raw1-d128-bfloat16|V:raw1-d128-bfloat16",
+}
+
+
+def test_preset_ids_are_pinned():
+    assert set(PINNED_IDS) == set(PRESETS)
+    for preset, expected in PINNED_IDS.items():
+        assert KVCodecSpec.from_preset(preset).codec_id(128) == expected
+
+
+def test_k8v4u_is_k8v4_with_uniform_keys():
+    spec = KVCodecSpec.from_preset("k8v4u")
+    assert (spec.key_bits, spec.value_bits, spec.key_codebook, spec.value_codebook) == (
+        8,
+        4,
+        "uniform",
+        "lloyd",
+    )
+    assert KVCodecSpec(8, 4, key_codebook="uniform").name == "k8v4u" and KVCodecSpec(8, 4).name == "k8v4"
+    pair, lloyd = spec.build(128), KVCodecSpec.from_preset("k8v4").build(128)
+    assert (pair.keys.codebook_kind, pair.values.codebook_kind) == ("uniform", "lloyd")
+    assert pair.keys.expected_mse > lloyd.keys.expected_mse and pair.values == lloyd.values
+    steps = torch.diff(pair.keys.codebook.double())
+    assert torch.equal(steps, torch.full_like(steps, float(steps[0])))  # affine
+    assert spec.bytes_per_token(30, 3, 64) == KVCodecSpec(8, 4).bytes_per_token(30, 3, 64)
+
+
+def test_non_preset_names_mark_uniform_sides():
+    assert KVCodecSpec(4, 4, key_codebook="uniform", value_codebook="uniform").name == "k4uv4u"
+    assert KVCodecSpec(4, 8, value_codebook="uniform").name == "k4v8u"
+
+
+def test_codebooks_match_the_kernels():
+    from tiercache.kernels.codec import CODEBOOK_KINDS
+
+    assert CODEBOOKS == CODEBOOK_KINDS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"key_codebook": "lloyd-max"}, "key_codebook must be one of lloyd, uniform, got 'lloyd-max'"),
+     ({"value_codebook": "affine"}, "value_codebook must be one of lloyd, uniform, got 'affine'"),
+     ({"key_bits": None, "key_codebook": "uniform"}, "needs key_bits: lossless keys have no codebook")],
+)  # fmt: skip
+def test_bad_codebooks(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        KVCodecSpec(**{"key_bits": 8, "value_bits": 4, **kwargs})

@@ -61,6 +61,32 @@ def test_codec_forms():
     spec = TierCacheConfig.from_dict({"codec": {"keys": 8, "values": 4, "seed": 3}}).codec
     assert (spec.key_bits, spec.value_bits, spec.seed) == (8, 4, 3)
     assert TierCacheConfig.from_dict({"codec": {"keys": "none", "values": 4}}).codec.key_bits is None
+    assert TierCacheConfig.from_dict({"codec": "k8v4u"}).codec == KVCodecSpec(8, 4, key_codebook="uniform")
+    spec = TierCacheConfig.from_dict({"codec": {"keys": 8, "values": 4, "key_codebook": "uniform"}}).codec
+    assert spec.name == "k8v4u" and spec.value_codebook == "lloyd"
+    spec = TierCacheConfig.from_dict({"codec": {"keys": 4, "values": 3, "value_codebook": "uniform"}}).codec
+    assert (spec.key_codebook, spec.value_codebook) == ("lloyd", "uniform")
+    dotted = {"codec.key_codebook": "uniform", "codec.keys": 8, "codec.values": 4}
+    assert TierCacheConfig.from_dict(dotted).codec == KVCodecSpec(8, 4, key_codebook="uniform")
+
+
+# (codec as written in the config, what to_dict writes back); codebooks appear only when not Lloyd-Max,
+# so configs without them still read as before.
+ROUNDTRIPS = [
+    ("k8v4u", "k8v4u"),
+    ({"keys": 8, "values": 4, "key_codebook": "uniform", "seed": 2},
+     {"keys": 8, "values": 4, "seed": 2, "rotation": "haar", "key_codebook": "uniform"}),
+    ({"keys": 3, "values": 8, "value_codebook": "uniform", "rotation": "hadamard"},
+     {"keys": 3, "values": 8, "seed": 0, "rotation": "hadamard", "value_codebook": "uniform"}),
+    ({"keys": 8, "values": 4, "seed": 1}, {"keys": 8, "values": 4, "seed": 1, "rotation": "haar"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("codec", "written"), ROUNDTRIPS)
+def test_codebook_roundtrip(codec, written):
+    cfg = TierCacheConfig.from_dict({"codec": codec})
+    assert cfg.to_dict()["codec"] == written
+    assert TierCacheConfig.from_dict(cfg.to_dict()).codec == cfg.codec
 
 
 def test_overrides_on_top_of_file(tmp_path, monkeypatch):
@@ -89,6 +115,20 @@ BAD_FILES = [
     ("codec: {keys: 8}\n", ["codec.values", "missing"]),
     ("codec: {keys: 8, values: 4, bits: 3}\n", ["'codec.bits'", "Valid keys"]),
     ("codec: {keys: 8, values: 4, rotation: dct}\n", ["codec.rotation", "'dct'", "haar", "hadamard"]),
+    ("codec: k8v4v\n", ["codec", "'k8v4v'", "k8v4u", "key_codebook", "uniform"]),
+    (
+        "codec: {keys: 8, values: 4, key_codebook: unifrom}\n",
+        ["codec.key_codebook", "'unifrom'", "did you mean 'uniform'", "lloyd", "uniform"],
+    ),
+    ("codec: {keys: 8, values: 4, value_codebook: 3}\n", ["codec.value_codebook", "3", "lloyd, uniform"]),
+    (
+        "codec: {keys: none, values: 4, key_codebook: uniform}\n",
+        ["codec.key_codebook", "'uniform'", "lossless", "drop codec.key_codebook"],
+    ),
+    (
+        "codec: {keys: 8, values: 4, codebook: uniform}\n",
+        ["'codec.codebook'", "did you mean", "key_codebook"],
+    ),
     ("eviction:\n  policy: lfu\n", ["eviction.policy", "'lfu'", "graph", "lru"]),
     ("eviction:\n  advisor_interval: soon\n", ["eviction.advisor_interval", "'soon'", "500ms"]),
     ("eviction:\n  max_stale: 2 weeks\n", ["eviction.max_stale", "'2 weeks'", "2s"]),
