@@ -1,9 +1,17 @@
-"""Lloyd-Max codebooks for the sphere-coordinate density: shape, symmetry, fixed point, expected MSE."""
+"""Codebooks for the sphere-coordinate density: Lloyd-Max (shape, symmetry, fixed point, expected MSE) and
+uniform (affine, exact in float32, optimal step, MSE between Lloyd-Max's and a stated bound)."""
 
 import numpy as np
 import pytest
 
-from tiercache.kernels.codebook import _cell_moments, _moment_tables, coordinate_pdf, lloyd_max_codebook
+from tiercache.kernels.codebook import (
+    _cell_moments,
+    _moment_tables,
+    _quantizer_mse,
+    coordinate_pdf,
+    lloyd_max_codebook,
+    uniform_codebook,
+)
 
 BITS = list(range(1, 9))
 HEAD_DIMS = [64, 128, 256]
@@ -52,3 +60,67 @@ def test_bad_arguments():
         lloyd_max_codebook(128, 9)
     with pytest.raises(ValueError, match="head_dim must be at least 4"):
         lloyd_max_codebook(3, 4)
+
+
+# MSE(uniform) / MSE(Lloyd-Max) upper bounds per width. Measured at every supported head_dim (64–256):
+# 1.000, 1.011, 1.082, 1.210, 1.385, 1.596, 1.833, 2.087 (the largest, at d = 256); bounds leave ~8 % room.
+UNIFORM_OVER_LLOYD_BOUND = {1: 1.0 + 1e-9, 2: 1.02, 3: 1.1, 4: 1.25, 5: 1.45, 6: 1.7, 7: 2.0, 8: 2.25}
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_uniform_is_affine_symmetric_and_exact_in_float32(head_dim, bits):
+    centroids, boundaries, _ = uniform_codebook(head_dim, bits)
+    n = 2**bits
+    step = centroids[1] - centroids[0]
+    assert centroids.shape == (n,) and boundaries.shape == (n - 1,) and step > 0
+    assert np.array_equal(centroids, step * (np.arange(n) - (n - 1) / 2))
+    assert np.array_equal(centroids, -centroids[::-1])
+    np.testing.assert_array_equal(boundaries, 0.5 * (centroids[1:] + centroids[:-1]))
+    # step has ≤ 16 significant bits, so every centroid is a float32 and float32 arithmetic reproduces it.
+    assert np.array_equal(centroids.astype(np.float32).astype(np.float64), centroids)
+    k = np.arange(n, dtype=np.float32)
+    assert np.array_equal(np.float32(step) * (k - np.float32((n - 1) / 2)), centroids.astype(np.float32))
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_uniform_mse_between_lloyd_and_the_bound(head_dim, bits):
+    uniform, lloyd = uniform_codebook(head_dim, bits)[2], lloyd_max_codebook(head_dim, bits)[2]
+    assert lloyd * (1 - 1e-9) <= uniform <= UNIFORM_OVER_LLOYD_BOUND[bits] * lloyd
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_uniform_step_is_the_best_step(bits):
+    centroids, boundaries, mse = uniform_codebook(128, bits)
+    tables = _moment_tables(128)
+    np.testing.assert_allclose(_quantizer_mse(centroids, boundaries, tables), mse, rtol=1e-15)
+    for factor in (0.99, 1.01, 0.9, 1.1):
+        c = centroids * factor
+        assert _quantizer_mse(c, 0.5 * (c[1:] + c[:-1]), tables) > mse
+
+
+def test_uniform_known_value_at_d128():
+    # 8-bit keys: the uniform codebook costs ~2x Lloyd-Max's 4.02e-5 per unit vector.
+    assert uniform_codebook(128, 8)[2] * 128 == pytest.approx(8.23e-5, rel=0.01)
+    assert lloyd_max_codebook(128, 8)[2] * 128 == pytest.approx(4.02e-5, rel=0.01)
+
+
+def test_uniform_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERCACHE_CACHE_DIR", str(tmp_path))
+    solve = uniform_codebook.__wrapped__  # bypass the in-process cache
+    expected = solve(64, 3)
+    (path,) = tmp_path.glob("codebooks/uniform_v*_d64_b3.npy")
+    np.testing.assert_array_equal(np.load(path), expected[0])
+    np.save(path, expected[0] * 1.5)  # a different (valid) affine codebook is read back as is
+    assert np.array_equal(solve(64, 3)[0], expected[0] * 1.5)
+    np.save(path, lloyd_max_codebook(64, 3)[0])  # not affine: solved again and rewritten
+    assert np.array_equal(solve(64, 3)[0], expected[0])
+    np.testing.assert_array_equal(np.load(path), expected[0])
+
+
+def test_uniform_bad_arguments():
+    with pytest.raises(ValueError, match="bits must be an integer in 1..8"):
+        uniform_codebook(128, 0)
+    with pytest.raises(ValueError, match="head_dim must be at least 4"):
+        uniform_codebook(2, 4)

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from tiercache.kernels import SUPPORTED_HEAD_DIMS, TurboQuantCodec
+from tiercache.kernels.codebook import lloyd_max_codebook, uniform_codebook
+from tiercache.kernels.codec import CODEBOOK_KINDS
 
 BITS = list(range(1, 9))
 
@@ -34,8 +36,9 @@ def test_mse_figures_4bit_other_dims(head_dim):
 
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("rotation", ["haar", "hadamard"])
-def test_empirical_mse_matches_the_density(bits, rotation):
-    codec = TurboQuantCodec(128, bits, rotation=rotation)
+@pytest.mark.parametrize("codebook", CODEBOOK_KINDS)
+def test_empirical_mse_matches_the_density(bits, rotation, codebook):
+    codec = TurboQuantCodec(128, bits, rotation=rotation, codebook=codebook)
     assert unit_mse(codec, unit_vectors(4000, 128, seed=bits)) == pytest.approx(codec.expected_mse, rel=0.08)
 
 
@@ -65,8 +68,9 @@ def test_input_dtypes_encode_like_float32(dtype):
 
 
 @pytest.mark.parametrize("bits", BITS)
-def test_quantize_is_nearest_centroid(bits):
-    codec = TurboQuantCodec(128, bits)
+@pytest.mark.parametrize("codebook", CODEBOOK_KINDS)
+def test_quantize_is_nearest_centroid(bits, codebook):
+    codec = TurboQuantCodec(128, bits, codebook=codebook)
     tables = codec.tables("cpu")
     rotated = torch.randn(500, 128, generator=torch.Generator().manual_seed(bits)) / 128**0.5 * 1.5
     nearest = (rotated.unsqueeze(-1) - codec.codebook).abs().argmin(-1)
@@ -134,6 +138,8 @@ def test_codec_id_changes_with_every_parameter():
         ({"head_dim": 96, "rotation": "hadamard"}, r"needs head_dim a power of two .*use rotation='haar'"),
         ({"rotation": "dct"}, r"rotation must be one of \('haar', 'hadamard'\)"),
         ({"seed": -1}, r"seed must be a non-negative integer"),
+        ({"codebook": "lloyd-max"}, r"codebook must be one of \('lloyd', 'uniform'\), got 'lloyd-max'"),
+        ({"codebook": None}, r"codebook must be one of \('lloyd', 'uniform'\)"),
     ],
 )
 def test_constructor_errors(kwargs, message):
@@ -156,3 +162,37 @@ def test_encode_decode_errors():
         codec.decode(packed.int(), norms)
     with pytest.raises(ValueError, match="norms shape"):
         codec.decode(packed, norms[:2])
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_uniform_codec_tables(head_dim, bits):
+    codec = TurboQuantCodec(head_dim, bits, codebook="uniform")
+    centroids, boundaries, mse = uniform_codebook(head_dim, bits)
+    step, n = centroids[1] - centroids[0], 2**bits
+    k = torch.arange(n, dtype=torch.float64)
+    assert torch.equal(codec.codebook, (step * (k - (n - 1) / 2)).to(torch.float32))
+    # Exact in float32: a kernel computing step·(k − (n−1)/2) in float32 gets the table bit for bit.
+    assert torch.equal(codec.codebook, torch.tensor(step, dtype=torch.float32) * (k - (n - 1) / 2).float())
+    assert torch.equal(codec.boundaries, torch.tensor(boundaries, dtype=torch.float32))
+    assert (
+        codec.expected_mse == head_dim * mse >= head_dim * lloyd_max_codebook(head_dim, bits)[2] * (1 - 1e-9)
+    )
+    assert codec.codebook_kind == "uniform" and TurboQuantCodec(head_dim, bits).codebook_kind == "lloyd"
+
+
+def test_codebook_in_codec_id_and_repr():
+    lloyd, uniform = TurboQuantCodec(128, 8), TurboQuantCodec(128, 8, codebook="uniform")
+    assert lloyd.codec_id == "tq1-d128-b8-haar-s0"  # ids stored with pool blocks: never change
+    assert uniform.codec_id == "tq1-d128-b8-haar-s0-uniform"
+    assert lloyd != uniform and TurboQuantCodec(128, 8, codebook="lloyd") == lloyd
+    assert repr(uniform).endswith("rotation='haar', codebook='uniform')")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_uniform_round_trip_costs_what_the_density_says(bits):
+    x = unit_vectors(10_000, 128)
+    lloyd, uniform = TurboQuantCodec(128, bits), TurboQuantCodec(128, bits, codebook="uniform")
+    measured = unit_mse(uniform, x)
+    assert measured == pytest.approx(uniform.expected_mse, rel=0.08)
+    assert measured > unit_mse(lloyd, x)
