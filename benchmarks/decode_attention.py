@@ -24,7 +24,12 @@ from tiercache.kernels import decode_attention as decode_module
 
 SHAPES = [(1, 4096), (1, 32768), (16, 4096), (16, 32768), (64, 8192)]
 HQ, H, D, BS = 32, 8, 128, 16
-PRESETS = {"k4v4": (4, 4, "lloyd"), "k8v4": (8, 4, "lloyd"), "k8uv4": (8, 4, "uniform")}  # keys codebook
+# preset → (key bits, value bits, key codebook, value codebook)
+PRESETS = {
+    "k4v4": (4, 4, "lloyd", "lloyd"),
+    "k8v4": (8, 4, "lloyd", "lloyd"),
+    "k8uv4": (8, 4, "uniform", "lloyd"),
+}
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 1,
           "prefetch": True, "rotate_in_split": True, "lut": "gather", "maxnreg": None}  # fmt: skip
@@ -33,9 +38,9 @@ BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4,
 class Case:
     """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA."""
 
-    def __init__(self, batch: int, seq: int, k_bits: int, v_bits: int, k_codebook="lloyd", dense=True):
+    def __init__(self, batch, seq, k_bits, v_bits, k_codebook="lloyd", v_codebook="lloyd", dense=True):
         self.kc = TurboQuantCodec(D, k_bits, seed=1, codebook=k_codebook)
-        self.vc = TurboQuantCodec(D, v_bits, seed=2)
+        self.vc = TurboQuantCodec(D, v_bits, seed=2, codebook=v_codebook)
         nb = batch * seq // BS
         dev = "cuda"
         self.query = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
@@ -107,10 +112,10 @@ def time_with(case: Case, config: dict) -> tuple[float, float]:
 
 
 def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = False) -> None:
-    k_bits, v_bits, k_codebook = PRESETS[name]
-    print(f"\n{name}: K{k_bits}V{v_bits}, {k_codebook} key codebook")
+    k_bits, v_bits, k_codebook, v_codebook = PRESETS[name]
+    print(f"\n{name}: K{k_bits}V{v_bits}, {k_codebook} keys, {v_codebook} values")
     for batch, seq in SHAPES:
-        case = Case(batch, seq, k_bits, v_bits, k_codebook)
+        case = Case(batch, seq, k_bits, v_bits, k_codebook, v_codebook)
         if (batch, seq) == (16, 4096):
             print(f"  check vs f32 SDPA over the dequantized cache: rel err {check(case):.2e}")
         row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}

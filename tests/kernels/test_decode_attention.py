@@ -87,14 +87,20 @@ def test_decode_launch_variants(monkeypatch, config, k_bits, v_bits):
         assert rel_err(out, ref) <= tol
 
 
+UNIFORM = [(8, "uniform", 4, "lloyd"), (8, "uniform", 4, "uniform"), (4, "lloyd", 4, "uniform")]
+
+
+@pytest.mark.parametrize("codebooks", UNIFORM)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
-def test_decode_uniform_8bit_keys(dtype, tol):
-    """A uniform 8-bit key codebook (on the GPU it takes the arithmetic path; here the same centroids come
-    from the table) against the float64 reference."""
+def test_decode_uniform_codebooks(codebooks, dtype, tol):
+    """Uniform codebooks (8-bit keys take an arithmetic path on the GPU; here the centroids come from tables)
+    against the float64 reference."""
     from tiercache.kernels import TurboQuantCodec
 
+    k_bits, k_book, v_bits, v_book = codebooks
     gen = torch.Generator().manual_seed(3)
-    kc, vc = TurboQuantCodec(128, 8, seed=1, codebook="uniform"), codec(128, 4, 2)
+    kc = TurboQuantCodec(128, k_bits, seed=1, codebook=k_book)
+    vc = TurboQuantCodec(128, v_bits, seed=2, codebook=v_book)
     lens, block_size, heads = [1, 17, 333], 16, 2
     num_blocks = sum(-(-n // block_size) for n in lens) + 4
     kp, kn = random_cache(num_blocks, block_size, heads, kc, gen)

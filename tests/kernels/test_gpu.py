@@ -132,16 +132,22 @@ def test_encode_and_dequantize_cuda_graph():
     assert rel_err(out[blocks, offsets], kc.decode(want_packed, want_norms, torch.float64)) < 1e-2
 
 
+UNIFORM = [(8, "uniform", 4, "lloyd"), (8, "uniform", 4, "uniform"), (4, "lloyd", 4, "uniform")]
+
+
+@pytest.mark.parametrize("codebooks", UNIFORM)
 @pytest.mark.parametrize("head_dim,block_size,group", SHAPES)
-def test_decode_gpu_uniform_8bit_keys(head_dim, block_size, group):
-    """Keys with a uniform 8-bit codebook take the arithmetic path (inline PTX, LUT mode 3) with 16-bit
-    queries; float32 queries the IEEE path. Both against the float64 reference."""
+def test_decode_gpu_uniform_codebooks(codebooks, head_dim, block_size, group):
+    """Uniform 8-bit keys take the arithmetic path (inline PTX, LUT mode 3) with 16-bit queries, uniform 4-bit
+    values the register-permute lookup; float32 queries the IEEE path. All against the float64 reference."""
     from tiercache.kernels import TurboQuantCodec
     from tiercache.kernels._tables import kernel_tables
 
+    k_bits, k_book, v_bits, v_book = codebooks
     gen = torch.Generator().manual_seed(group)
-    kc, vc = TurboQuantCodec(head_dim, 8, seed=1, codebook="uniform"), codec(head_dim, 4, 2)
-    assert decode_module._lut_mode(kernel_tables(kc, DEV), False, keys=True) == 3
+    kc = TurboQuantCodec(head_dim, k_bits, seed=1, codebook=k_book)
+    vc = TurboQuantCodec(head_dim, v_bits, seed=2, codebook=v_book)
+    assert (decode_module._lut_mode(kernel_tables(kc, DEV), False, keys=True) == 3) == (k_book == "uniform")
     lens = [1, 17, 333, 4099]
     num_blocks = sum(-(-n // block_size) for n in lens) + 16
     kp, kn = random_cache(num_blocks, block_size, 8, kc, gen, DEV)
