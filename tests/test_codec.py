@@ -196,3 +196,14 @@ def test_uniform_round_trip_costs_what_the_density_says(bits):
     measured = unit_mse(uniform, x)
     assert measured == pytest.approx(uniform.expected_mse, rel=0.08)
     assert measured > unit_mse(lloyd, x)
+
+
+def test_codec_report_rows_per_codebook():
+    from tiercache.codec_report import format_table, measure
+
+    rows = [measure(64, 8, 2000, "haar", 0, 1, codebook) for codebook in CODEBOOK_KINDS]
+    assert [r.codebook for r in rows] == list(CODEBOOK_KINDS)
+    for row in rows:
+        assert row.mse == pytest.approx(row.expected_mse, rel=0.1)
+    assert rows[1].mse > 1.5 * rows[0].mse  # uniform 8-bit costs ~2x Lloyd-Max (1.97x at d = 64)
+    assert "uniform     8" in format_table(64, rows)
