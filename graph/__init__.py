@@ -4,13 +4,15 @@
 - `GraphEvictionAdvisor`, `Snapshot` (advisor.py): background ranking, lock-free hot-path reads.
 - `EvictionDecision` (events.py): one eviction as data.
 - `ScoreWeights`, `ScoreComponents`, `SOURCES` (scoring.py): the documented score formula.
-- `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace.
+- `ReuseStats` (reuse.py): each block class's reuse probability, learned online (a term of the score).
+- `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace (simulators.py, graph_cache.py).
 """
 
 from tiercache.graph.advisor import GraphEvictionAdvisor, Snapshot
 from tiercache.graph.events import EvictionDecision
 from tiercache.graph.kvgraph import EDGE_TYPES, KVCacheGraph
 from tiercache.graph.replay import ReplayResult, replay
+from tiercache.graph.reuse import ReuseStats
 from tiercache.graph.scoring import SOURCES, ScoreComponents, ScoreWeights
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "GraphEvictionAdvisor",
     "KVCacheGraph",
     "ReplayResult",
+    "ReuseStats",
     "ScoreComponents",
     "ScoreWeights",
     "Snapshot",

@@ -11,12 +11,12 @@ Provides `GraphEvictionAdvisor` and `Snapshot`. Typical use by the tier manager:
     advisor.suggest_prefetch(active_hashes, 8)      # blocks in slower tiers related to the active ones
     advisor.explain(h)                              # ScoreComponents of one block, now
 
-One cycle (`refresh()`): copy the counters under the graph's lock (memcpy), then — outside the lock — score
-every block with `scoring.priority_array`, keep the leaves of each tier (no cached child in that tier or a
-faster one) and sort them, lowest priority first. The result is an immutable `Snapshot` published by one
-reference assignment. Readers take the reference and walk its tuples: no lock, no per-call scoring.
-A snapshot older than `max_stale_s` (or none yet) is not trusted: `choose_victims` falls back to LRU
-(leaves first still) and each decision says so.
+One cycle (`refresh()`): copy the counters and the learned reuse probabilities under the graph's lock
+(memcpy), then — outside the lock — score every block with `scoring.priority_array`, keep the leaves of
+each tier (no cached child in that tier or a faster one) and sort them, lowest priority first. The result
+is an immutable `Snapshot` published by one reference assignment. Readers take the reference and walk its
+tuples: no lock, no per-call scoring. A snapshot older than `max_stale_s` (or none yet) is not trusted:
+`choose_victims` falls back to LRU (leaves first still) and each decision says so.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ class GraphEvictionAdvisor:
                 state.requests[idx],
                 state.source[idx],
                 state.importance[idx],
+                state.reuse_p[state.reuse_class[idx]],
             )
             order = idx[np.lexsort((state.last_access[idx], prio))]
             rankings[name] = tuple(hashes[order])  # no per-block Python objects: no GC pressure

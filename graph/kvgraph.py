@@ -11,10 +11,13 @@ Notifications (the manager calls them from its own thread; each is O(1) or O(deg
 - `on_hit(block_hash, request_id=None)` — a request found the block cached (call in prefix order).
 - `on_step(hashes_used_together)` — blocks loaded or attended in one step.
 - `on_move(block_hash, tier_from, tier_to)` — spill or warm between tiers.
-- `on_remove(block_hash)` — the block is gone from every tier: its edges and counters go with it.
+- `on_remove(block_hash)` — the block is gone from every tier: its edges and counters go with it (its reuse
+  class stays a while as a ghost, see `tiercache.graph.reuse`).
 - `on_sketch(block_hash, sketch)` — optional 64-bit key sketch; similar sketches get a `semantic` edge.
 Queries without the lock (same thread as the notifications): `tier_of`, `is_evictable`, `info`,
 `lru_order`, `edge_types`, `neighbors`. `export()` copies the counters under the lock for the advisor.
+`graph.reuse` is the `ReuseStats` learned from these notifications (each store and each hit by a new request
+opens a lifetime in the block's reuse class; a later hit or a store of a ghost closes it as reused).
 
 Edge types and the signal that creates each:
 - `temporal`: consecutive blocks of one request (a block and the parent it was stored under).
@@ -34,6 +37,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import networkx as nx
 
+from tiercache.graph.reuse import ReuseStats, reuse_class
 from tiercache.graph.scoring import ScoreWeights, source_code
 from tiercache.graph.sketches import SketchIndex
 from tiercache.graph.state import BlockTable, TableCopy
@@ -66,6 +70,7 @@ class KVCacheGraph:
         self._stores = [0] * len(tiers)  # per-tier store counter: the score's `tick`
         self._sketches = sketches or SketchIndex()
         self._leaf_in: dict[Hashable, int] = {}  # block → tier it can be evicted from now, or -1
+        self.reuse = ReuseStats(self.weights.reuse_window)
 
     # --- notifications -------------------------------------------------------------------------------
     def on_store(
@@ -87,6 +92,7 @@ class KVCacheGraph:
             return
         now = self.clock()
         with self.lock:
+            self.reuse.stored(block_hash)
             tb = self.table
             s = tb.alloc()
             if s == len(self._hashes):
@@ -113,6 +119,8 @@ class KVCacheGraph:
                 tb.chain_hits[s] = self._inherited(p)
                 self._bump(parent_hash, block_hash, "temporal")
                 self._update_leaf(p)
+            tb.run[s] = tb.run.item(p) + 1 if p >= 0 and tb.hits.item(p) == 0 else 1
+            self._start_lifetime(s, p)
 
     def on_hit(self, block_hash: Hashable, request_id: Hashable | None = None) -> None:
         s = self._slot[block_hash]
@@ -122,6 +130,8 @@ class KVCacheGraph:
             tb.hits[s] = hits
             rid = hash(request_id)
             new_request = request_id is None or rid != tb.last_request.item(s)
+            if new_request:
+                self.reuse.reused(tb.reuse_class.item(s))
             tb.last_request[s] = rid
             requests = tb.requests.item(s) + new_request
             tb.requests[s] = requests
@@ -129,6 +139,8 @@ class KVCacheGraph:
             if p >= 0 and hits == 1:
                 tb.branches_hit[p] = tb.branches_hit.item(p) + 1
             tb.chain_hits[s] = max(tb.chain_hits.item(s), hits, self._inherited(p))
+            if new_request:
+                self._start_lifetime(s, p)
             self._touch(s, block_hash)
             if new_request and p >= 0 and requests >= 2:
                 self._set(self._hashes[p], block_hash, "prefix_share", requests)
@@ -174,6 +186,7 @@ class KVCacheGraph:
             del self._lru[tb.tier[s]][block_hash]
             del self._slot[block_hash]
             self._hashes[s] = None
+            self.reuse.evicted(block_hash, tb.reuse_class.item(s), len(self._slot))
             tb.free(s)
             self.nx.remove_node(block_hash)
             self._sketches.remove(block_hash)
@@ -219,6 +232,7 @@ class KVCacheGraph:
             parent=self.parent_of(block_hash),
             children={name: int(tb.children[s, i]) for i, name in enumerate(self.tiers)},
             **{k: getattr(tb, k)[s].item() for k in ("hits", "requests", "chain_hits", "tick", "branches")},
+            **{k: getattr(tb, k)[s].item() for k in ("run", "reuse_class")},
             **{k: getattr(tb, k)[s].item() for k in ("last_access", "importance")},
         )
         return out
@@ -232,8 +246,8 @@ class KVCacheGraph:
             if other != block_hash:
                 yield other, data
 
-    def score_inputs(self, block_hash: Hashable) -> tuple[float, float, float, int, int, float]:
-        """(tick, horizon, chain_hits, requests, source code, importance): the arguments of
+    def score_inputs(self, block_hash: Hashable) -> tuple[float, float, float, int, int, float, float]:
+        """(tick, horizon, chain_hits, requests, source code, importance, reuse_p): the arguments of
         `scoring.components` / `scoring.priority` for one block, now."""
         s, tb = self._slot[block_hash], self.table
         horizon = max(len(self._lru[tb.tier.item(s)]), 1)
@@ -244,12 +258,13 @@ class KVCacheGraph:
             tb.requests.item(s),
             tb.source.item(s),
             float(tb.importance.item(s)),
+            self.reuse.probability(tb.reuse_class.item(s)),
         )
 
     def export(self) -> TableCopy:
         """Copies of the counters (taken under the lock; O(memcpy), no per-block work)."""
         with self.lock:
-            return self.table.copy(self._hashes, [len(d) for d in self._lru])
+            return self.table.copy(self._hashes, [len(d) for d in self._lru], self.reuse.probabilities())
 
     def check_invariants(self) -> None:
         """Assert the counters agree with the structure (tests and debugging; O(N))."""
@@ -269,6 +284,8 @@ class KVCacheGraph:
         live = set(self._slot.values())
         assert all(tb.uid[s] == 0 and self._hashes[s] is None for s in range(tb.high) if s not in live)
         assert all(h in self._slot for h in self._sketches._sketch)
+        ghosts = self.reuse.ghosts
+        assert len(ghosts) <= len(self._slot) and not any(h in self._slot for h in ghosts)
 
     # --- internals -----------------------------------------------------------------------------------
     def tier_index(self, tier: str) -> int:
@@ -289,6 +306,18 @@ class KVCacheGraph:
             n = tb.branches.item(p)
             return tb.branches_hit.item(p) / n if n else 0.0
         return float(tb.chain_hits.item(p))
+
+    def _start_lifetime(self, s: int, p: int) -> None:
+        """Fix the block's reuse class from its features now and open a lifetime in it."""
+        tb = self.table
+        opens_branch = (
+            p < 0
+            or self.weights.is_protected(tb.source.item(p))
+            or sum(tb.children.item(p, i) for i in range(len(self.tiers))) > 1
+        )
+        code = reuse_class(tb.chain_hits.item(s), tb.run.item(s), opens_branch)
+        tb.reuse_class[s] = code
+        self.reuse.start(code)
 
     def _update_leaf(self, s: int) -> None:
         tb = self.table

@@ -9,7 +9,7 @@ Provides:
 
 The formula (lower priority = evicted first, among blocks that are leaves of the prefix tree)::
 
-    value    = w_hits·log2(1 + chain_hits) + w_requests·log2(max(requests, 1))
+    value    = w_reuse·log2(reuse_p) + w_hits·log2(1 + chain_hits) + w_requests·log2(max(requests, 1))
                + w_source[source] + w_importance·importance + (protect_bonus if source is protected)
     priority = last_access_tick + horizon · value
 
@@ -18,14 +18,23 @@ The formula (lower priority = evicted first, among blocks that are leaves of the
   load-independent). Ties go to the earlier access (LRU).
 - `horizon`: the tier's size in blocks. One unit of value buys a block the residence of one whole cache
   turnover (that many insertions), so the weights mean the same thing at every capacity; value = 0 is LRU.
+- `reuse_p`: the probability, learned online for the block's class (`tiercache.graph.reuse`), that a block
+  of that class is used again by a later request before it is forgotten; the class is fixed at the
+  block's last access from its chain level, its run of never-reused blocks and whether it opens a branch.
+  Each halving of reuse_p costs the block `w_reuse` turnovers: a one-off long prompt (a class that never
+  comes back) leaves first, a conversation that came back once stays about as long as LRU would keep it.
+  No trace parameter is read: the estimate comes only from the hits and evictions the cache observes.
 - `chain_hits`: the block's hits (later requests that found it cached), or what it inherited if larger.
   From an unprotected parent with no other cached child (a linear chain) it inherits the parent's
   `chain_hits`: the tail a conversation just appended is worth what the conversation has proven. From a
   branching point or a protected parent (a shared system prompt, a document) it inherits the fraction of
-  that parent's branches that were later hit: how often continuations off this prefix come back.
-- `requests`: distinct requests that used the block (sharing across requests, the `prefix_share` signal).
-- `source`: label weight (system prompts and retrieved documents are reused by design); protected sources
-  add `protect_bonus` turnovers, so they leave only when nothing else can or after long disuse.
+  that parent's branches that were later hit: how often continuations off this prefix come back. It enters
+  the value through the block's class, and directly with `w_hits` (0 by default).
+- `requests`: distinct requests that used the block (sharing across requests, the `prefix_share` signal):
+  a block shared by 2^k requests stays `w_requests`·k turnovers longer.
+- `source`: label weight (none by default: what each source is worth is learned through reuse_p);
+  protected sources add `protect_bonus` turnovers, so they leave only when nothing else can or after long
+  disuse.
 - `importance`: an optional external input (e.g. attention mass), 0 by default.
 
 Leaves first is not part of the number: rankings only list blocks with no cached children in the tier or a
@@ -53,26 +62,29 @@ def source_code(label: str | None) -> int:
         raise ValueError(f"unknown source label {label!r}; valid: {', '.join(SOURCES)}") from None
 
 
-def _default_source_weights() -> dict[str, float]:
-    return {"system": 0.5, "tool": 1.0}
-
-
 @dataclass(frozen=True)
 class ScoreWeights:
-    """Weights of the score formula (see the module docstring); values are in cache turnovers."""
+    """Weights of the score formula (see the module docstring); values are in cache turnovers.
+    `reuse_window`: lifetimes after which the learned reuse counters are halved (`reuse.ReuseStats`)."""
 
-    hits: float = 1.0
+    reuse: float = 1.0
+    hits: float = 0.0
     requests: float = 0.5
     importance: float = 1.0
-    source: dict[str, float] = field(default_factory=_default_source_weights)
+    source: dict[str, float] = field(default_factory=dict)
     protected_sources: frozenset[str] = frozenset({"system"})
     protect_bonus: float = 4.0
+    reuse_window: int = 1 << 20
 
     def __post_init__(self) -> None:
         for label in (*self.source, *self.protected_sources):
             source_code(label)
         if self.protect_bonus < 0:
             raise ValueError(f"protect_bonus must be >= 0, got {self.protect_bonus}")
+        if self.reuse < 0:
+            raise ValueError(f"reuse must be >= 0, got {self.reuse}")
+        if self.reuse_window < 2:
+            raise ValueError(f"reuse_window must be >= 2 lifetimes, got {self.reuse_window}")
 
     def source_table(self) -> np.ndarray:
         """float64 [len(SOURCES)]: source weight plus protection bonus, by source code."""
@@ -88,11 +100,12 @@ class ScoreWeights:
 
 @dataclass(frozen=True)
 class ScoreComponents:
-    """The terms of one block's priority: total = tick + horizon·(hits + requests + source + importance +
-    protection)."""
+    """The terms of one block's priority: total = tick + horizon·(reuse + hits + requests + source +
+    importance + protection)."""
 
     tick: float
     horizon: float
+    reuse: float
     hits: float
     requests: float
     source: float
@@ -109,10 +122,13 @@ def components(
     requests: int,
     source: int,
     importance: float = 0.0,
+    reuse_p: float = 1.0,
 ) -> ScoreComponents:
-    """All terms of the priority of one block (source is a code from `source_code`)."""
+    """All terms of the priority of one block (source is a code from `source_code`; reuse_p the learned
+    reuse probability of its class, 1.0 = no penalty)."""
     name = SOURCES[source]
     terms = (
+        w.reuse * math.log2(reuse_p),
         w.hits * math.log2(1 + chain_hits),
         w.requests * math.log2(max(requests, 1)),
         w.source.get(name, 0.0),
@@ -130,15 +146,17 @@ def priority(
     requests: int,
     source: int,
     importance: float = 0.0,
+    reuse_p: float = 1.0,
 ) -> float:
-    """The priority of one block (`components(...).total`, computed faster)."""
+    """The priority of one block (`components(...).total`, computed faster; the same operations, in the
+    same order, as `priority_array`)."""
     value = (
         w.hits * math.log2(1 + chain_hits)
         + w.requests * math.log2(max(requests, 1))
         + w.source_value(source)
         + w.importance * importance
     )
-    return tick + horizon * value
+    return tick + horizon * value + horizon * (w.reuse * math.log2(reuse_p))
 
 
 def priority_array(
@@ -149,10 +167,17 @@ def priority_array(
     requests: np.ndarray,
     source: np.ndarray,
     importance: np.ndarray,
+    reuse_p: np.ndarray,
 ) -> np.ndarray:
-    """float64 [N]: the priorities of N blocks (arrays [N]; source as int codes)."""
-    value = w.hits * np.log2(1.0 + chain_hits)
+    """float64 [N]: the priorities of N blocks (arrays [N]; source as int codes). The reuse term is added
+    last, so blocks of one class keep their order whatever their class's reuse_p (the replay relies on it)."""
+    value = w.hits * np.log2(1.0 + np.asarray(chain_hits, dtype=np.float64))  # float64 from here on
     value += w.requests * np.log2(np.maximum(requests, 1).astype(np.float64))
     value += w.source_table()[source]
     value += w.importance * importance
-    return tick + horizon * value
+    return tick + horizon * value + horizon * reuse_terms(w, reuse_p)
+
+
+def reuse_terms(w: ScoreWeights, reuse_p: np.ndarray) -> np.ndarray:
+    """float64 [N]: w_reuse·log2(reuse_p), the reuse term of the value, for an array of probabilities."""
+    return w.reuse * np.log2(reuse_p)

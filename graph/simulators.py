@@ -1,7 +1,7 @@
 """Prefix-cache simulators for `replay`: LRU, ARC and the graph policy, all on the same request protocol.
 
-Provides `LRUCache`, `ARCCache`, `GraphCache` (and `make_cache(policy, capacity_blocks, weights)`), each with
-`process(blocks, sources) -> hit_blocks` and the counters `evictions`, `size`.
+Provides `LRUCache`, `ARCCache`, `GraphCache` (from `graph_cache`) and `make_cache(policy, capacity_blocks,
+weights)`, each with `process(blocks, sources) -> hit_blocks` and the counters `evictions`, `size`.
 
 The protocol, identical for the three (so they differ only in whom they evict):
 - Capacity is a number of blocks; a block is one cache entry whatever its tokens.
@@ -16,11 +16,10 @@ The protocol, identical for the three (so they differ only in whom they evict):
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from tiercache.graph import scoring
+from tiercache.graph.graph_cache import GraphCache
 from tiercache.graph.scoring import ScoreWeights
 
 
@@ -149,111 +148,6 @@ class ARCCache:
                 self.evictions += 1
                 return True
         return False
-
-
-class GraphCache:
-    """The graph policy: leaves of the prefix tree only, lowest `scoring.priority` first."""
-
-    def __init__(self, capacity_blocks: int, weights: ScoreWeights | None = None) -> None:
-        self.capacity = capacity_blocks
-        self.weights = weights or ScoreWeights()
-        self.evictions = 0
-        self.tick = 0
-        self._parent: dict[Hashable, Hashable | None] = {}
-        self._children: dict[Hashable, int] = {}
-        self._hits: dict[Hashable, int] = {}
-        self._chain: dict[Hashable, float] = {}
-        self._branches: dict[Hashable, int] = {}
-        self._branches_hit: dict[Hashable, int] = {}
-        self._source: dict[Hashable, int] = {}
-        self._prio: dict[Hashable, float] = {}
-        self._seq: dict[Hashable, int] = {}
-        self._heap: list[tuple[float, int, Hashable]] = []
-        self._counter = 0
-
-    @property
-    def size(self) -> int:
-        return len(self._parent)
-
-    def __contains__(self, block: Hashable) -> bool:
-        return block in self._parent
-
-    def process(self, blocks: Sequence[Hashable], sources: Sequence[int]) -> int:
-        blocks = blocks[: self.capacity]
-        hit = _hit_length(blocks, self._parent)
-        for b in blocks:
-            if b in self._parent:
-                self._hits[b] += 1
-                if self._hits[b] == 1 and self._parent[b] is not None:
-                    self._branches_hit[self._parent[b]] = self._branches_hit.get(self._parent[b], 0) + 1
-                self._chain[b] = max(self._chain[b], self._hits[b], self._inherited(self._parent[b]))
-                self._rescore(b)
-        pinned = set(blocks)
-        for i, b in enumerate(blocks):
-            if b in self._parent:
-                continue
-            while len(self._parent) >= self.capacity:
-                self._evict_one(pinned)
-            self._insert(b, blocks[i - 1] if i else None, sources[i])
-        return hit
-
-    def _inherited(self, parent: Hashable | None) -> float:
-        if parent is None:
-            return 0.0
-        if self._children[parent] > 1 or self.weights.is_protected(self._source[parent]):
-            n = self._branches.get(parent, 0)
-            return self._branches_hit.get(parent, 0) / n if n else 0.0
-        return self._chain[parent]
-
-    def _insert(self, b: Hashable, parent: Hashable | None, source: int) -> None:
-        if parent is not None and parent not in self._parent:
-            parent = None  # inconsistent trace (the parent was dropped while its child stayed): a root
-        self._parent[b] = parent
-        self._children[b] = 0
-        self._hits[b] = 0
-        self._source[b] = source
-        if parent is not None:
-            self._children[parent] += 1
-            self._branches[parent] = self._branches.get(parent, 0) + 1
-        self._chain[b] = self._inherited(parent)
-        self.tick += 1
-        self._rescore(b)
-
-    def _rescore(self, b: Hashable) -> None:
-        # requests = hits + 1: in a replay every access comes from a new request.
-        h = self._hits[b]
-        prio = scoring.priority(
-            self.weights, self.tick, self.capacity, self._chain[b], h + 1, self._source[b]
-        )
-        self._prio[b] = prio
-        self._counter += 1
-        self._seq[b] = self._counter
-        heapq.heappush(self._heap, (prio, self._counter, b))
-
-    def _evict_one(self, pinned: set[Hashable]) -> None:
-        skipped = []
-        heap = self._heap
-        while True:
-            item = heapq.heappop(heap)
-            b = item[2]
-            if self._seq.get(b) != item[1] or self._children[b]:
-                continue  # stale entry, or no longer a leaf (pushed again when it becomes one)
-            if b in pinned:
-                skipped.append(item)
-                continue
-            break
-        for item in skipped:
-            heapq.heappush(heap, item)
-        parent = self._parent.pop(b)
-        for d in (self._children, self._hits, self._chain, self._source, self._prio, self._seq):
-            del d[b]
-        self._branches.pop(b, None)
-        self._branches_hit.pop(b, None)
-        self.evictions += 1
-        if parent is not None:
-            self._children[parent] -= 1
-            if self._children[parent] == 0:
-                heapq.heappush(heap, (self._prio[parent], self._seq[parent], parent))
 
 
 def make_cache(policy: str, capacity_blocks: int, weights: ScoreWeights | None = None):

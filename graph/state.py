@@ -21,6 +21,8 @@ COLUMNS: dict[str, type] = {
     "chain_hits": np.float32,  # max(hits, value inherited from the parent): see scoring
     "branches": np.int32,  # children ever stored under this block
     "branches_hit": np.int32,  # of those, children that were later hit
+    "run": np.int32,  # never-reused blocks of the chain ending here, when stored: see reuse
+    "reuse_class": np.int8,  # reuse.reuse_class at the last access
     "tick": np.int64,  # the tier's store counter at the last access
     "last_access": np.float64,  # clock() at the last access
     "created": np.float64,
@@ -33,12 +35,14 @@ COLUMNS: dict[str, type] = {
 
 @dataclass(frozen=True)
 class TableCopy:
-    """A copy of the used slots [0, n): one array per column, `children` [n, n_tiers], `hashes` [n]."""
+    """A copy of the used slots [0, n): one array per column, `children` [n, n_tiers], `hashes` [n];
+    `reuse_p` [reuse.N_CLASSES]: the learned reuse probability of each class at the time of the copy."""
 
     columns: dict[str, np.ndarray]
     children: np.ndarray
     hashes: list
     tier_sizes: list[int]
+    reuse_p: np.ndarray
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -96,10 +100,10 @@ class BlockTable:
             return p
         return -1
 
-    def copy(self, hashes: list, tier_sizes: list[int]) -> TableCopy:
+    def copy(self, hashes: list, tier_sizes: list[int], reuse_p: np.ndarray) -> TableCopy:
         n = self.high
         cols = {name: getattr(self, name)[:n].copy() for name in COLUMNS}
-        return TableCopy(cols, self.children[:n].copy(), list(hashes[:n]), list(tier_sizes))
+        return TableCopy(cols, self.children[:n].copy(), list(hashes[:n]), list(tier_sizes), reuse_p)
 
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in COLUMNS) + self.children.nbytes

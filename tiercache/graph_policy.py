@@ -19,7 +19,8 @@ Event → graph notification:
                                        graph already has the block
     HitEvent                           on_hit(hash, request of the latest observe_request)
     SpillEvent / WarmEvent "done"      on_move(hash, from, to)
-    EvictionEvent(to None), DropEvent, StoreEvent(not stored)   on_remove(hash)
+    EvictionEvent(to None), DropEvent, StoreEvent(not stored)   on_remove(hash) (its reuse class is kept
+                                       as a ghost: stored again, the graph learns that it came back)
 Hits are left to the connector (graph.on_hit with the request id), since lookups repeat every step.
 """
 

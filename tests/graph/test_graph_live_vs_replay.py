@@ -1,11 +1,14 @@
 """The policy the advisor ships is the policy the replay measures: driving KVCacheGraph + advisor the way
-a manager would gives the same hits as `replay(policy="graph")` on the same trace."""
+a manager would gives the same hits as `replay(policy="graph")` on the same trace, and both learn the same
+reuse statistics (classes, counters, ghosts)."""
 
 import random
 
 import pytest
 
-from tiercache.graph import GraphEvictionAdvisor, KVCacheGraph, replay
+from tiercache.graph import GraphEvictionAdvisor, KVCacheGraph, ScoreWeights, replay
+from tiercache.graph.replay import split_request
+from tiercache.graph.simulators import GraphCache
 
 
 def make_trace(seed: int, n: int = 200) -> list[list]:
@@ -24,9 +27,11 @@ def make_trace(seed: int, n: int = 200) -> list[list]:
     return trace
 
 
-def live_hits(trace: list[list], capacity: int) -> int:
+def live_hits(
+    trace: list[list], capacity: int, weights: ScoreWeights | None = None
+) -> tuple[int, KVCacheGraph]:
     ticks = iter(range(1, 10**9))
-    g = KVCacheGraph(tiers=("vram",), clock=lambda: float(next(ticks)))
+    g = KVCacheGraph(tiers=("vram",), clock=lambda: float(next(ticks)), weights=weights)
     adv = GraphEvictionAdvisor(g, max_stale_s=1e12)
     total = 0
     for rid, request in enumerate(trace):
@@ -49,10 +54,23 @@ def live_hits(trace: list[list], capacity: int) -> int:
                 assert victims[0].policy_used == "graph"
                 g.on_remove(victims[0].block_hash)
             g.on_store(b, blocks[i - 1] if i else None, rid, source=source)
-    return total
+    return total, g
 
 
-@pytest.mark.parametrize("seed,capacity", [(0, 20), (1, 40), (2, 80)])
+@pytest.mark.parametrize("seed,capacity", [(0, 20), (1, 40), (2, 80), (3, 30)])
 def test_live_advisor_matches_replay(seed, capacity):
     trace = make_trace(seed)
-    assert live_hits(trace, capacity) == replay(trace, policy="graph", capacity_blocks=capacity).blocks_hit
+    hits, _ = live_hits(trace, capacity)
+    assert hits == replay(trace, policy="graph", capacity_blocks=capacity).blocks_hit
+
+
+@pytest.mark.parametrize("window", [1 << 20, 64])  # 64: the counters halve many times along the trace
+def test_live_and_replay_learn_the_same_statistics(window):
+    trace, weights = make_trace(4, n=300), ScoreWeights(reuse_window=window)
+    hits, g = live_hits(trace, 40, weights)
+    cache = GraphCache(40, weights)
+    assert hits == sum(cache.process(*split_request(request)) for request in trace)
+    assert g.reuse.halvings == cache.reuse.halvings and (window > 1000) == (g.reuse.halvings == 0)
+    assert g.reuse.lifetimes == cache.reuse.lifetimes and g.reuse.reuses == cache.reuse.reuses
+    assert list(g.reuse.ghosts.items()) == list(cache.reuse.ghosts.items()) and g.reuse.ghosts
+    assert sum(g.reuse.reuses) > 0 and len(set(cache._class.values())) > 3

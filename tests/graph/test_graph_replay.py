@@ -11,10 +11,15 @@ POLICIES = ["lru", "arc", "graph"]
 # LRU: [p] · p hit · [p,q] · r evicts p → [q,r] · p misses, evicts q → [r,p] · q misses.  Hits: 1.
 # ARC: p → T1, p hit → T2, q → T1, r: replace takes T1's LRU q (→ B1), p hit in T2; q is a ghost hit in B1:
 #      p=1, replace takes T2's LRU p, q → T2, but q itself was a miss.                    Hits: 2.
-# Graph (tick = insertions, horizon 2): p stored at tick 1 (prio 1), hit → chain 1, requests 2:
-#      prio 1 + 2·(1 + 0.5) = 4; q prio 2; r evicts q (2 < 4); p hit; q evicts r (3 < 7.75). Hits: 2.
+# Graph (tick = insertions, horizon 2; every block is a root: run 1, opens a branch): p stored at tick 1
+#      in class K0 (chain 0); p hit: K0 reused, p moves to K1 (chain 1); q stored at tick 2 in K0.
+#      r: K0 has 2 lifetimes, 1 reused → p = 2/4; K1 has 1 open, 0 reused → p = 1/3.
+#      p: 1 + 2·(log2(1/3) + 0.5·log2(2)) = −1.17; q: 2 + 2·log2(1/2) = 0 → p is evicted (a ghost).
+#      p returns: q (tick 2) goes before r (tick 3), same class; the ghost list keeps as many ghosts as
+#      cached blocks (1): p is forgotten, so its return teaches nothing. q returns: r (3) goes before p (4).
+#      Hits: 1 — with one request of history the learned term has nothing to go on yet.
 TRACE_FREQ = [["p"], ["p"], ["q"], ["r"], ["p"], ["q"]]
-EXPECTED_FREQ = {"lru": 1, "arc": 2, "graph": 2}
+EXPECTED_FREQ = {"lru": 1, "arc": 2, "graph": 1}
 
 # Capacity 3, the full-prefix rule: in request 2, b is cached but its prefix x is not, so it is no hit.
 TRACE_PREFIX = [["a", "b"], ["x", "b"], ["a", "b"]]
