@@ -355,14 +355,22 @@ def run_scale(n_blocks: int) -> dict:
     for h in sample:
         g.on_hit(h, "bench")
     hit_us = (time.perf_counter() - t) / len(sample) * 1e6
+    new = [i.to_bytes(8, "little") + b"new" for i in range(len(sample))]
     t = time.perf_counter()
-    for i, h in enumerate(sample):
-        g.on_store(i.to_bytes(8, "little") + b"new", h, "bench")
+    for h, parent in zip(new, sample, strict=True):
+        g.on_store(h, parent, "bench")
     store_us = (time.perf_counter() - t) / len(sample) * 1e6
-    del adv, g
+    t = time.perf_counter()
+    for h in new:
+        g.on_remove(h)  # each becomes a ghost (see tiercache.graph.reuse)
+    remove_us = (time.perf_counter() - t) / len(sample) * 1e6
+    del adv, g, new
     tracemalloc.start()  # memory: the same graph built again under tracemalloc (timings above without it)
     g = build_scale_graph(n_blocks)
     mem, _ = tracemalloc.get_traced_memory()
+    for i in range(len(g)):  # a full ghost list: one evicted block remembered per cached block
+        g.reuse.evicted(i.to_bytes(16, "little"), 0, len(g))  # 16-byte hashes, as blake2b digests
+    ghost_mem = tracemalloc.get_traced_memory()[0] - mem
     tracemalloc.stop()
     return {
         "blocks": len(g),
@@ -376,7 +384,9 @@ def run_scale(n_blocks: int) -> dict:
         "decide_median_us": decide[len(decide) // 2] * 1e6,
         "on_hit_us": hit_us,
         "on_store_us": store_us,
+        "on_remove_us": remove_us,
         "bytes_per_block": mem / len(g),
+        "ghost_bytes_per_block": ghost_mem / len(g),
         "numpy_bytes_per_block": g.table.nbytes() / len(g),
     }
 
@@ -400,10 +410,14 @@ def main(argv: list[str] | None = None) -> None:
             f" p99 {r['read_p99_us']:.1f}us;"
             f" choose_victims(4) median {r['decide_median_us']:.1f}us"
         )
-        print(f"notifications: on_hit {r['on_hit_us']:.1f}us, on_store {r['on_store_us']:.1f}us (mean, 10k)")
+        print(
+            f"notifications: on_hit {r['on_hit_us']:.1f}us, on_store {r['on_store_us']:.1f}us,"
+            f" on_remove {r['on_remove_us']:.1f}us (mean, 10k)"
+        )
         print(
             f"memory per block: {r['bytes_per_block']:.0f} B (tracemalloc, graph + counters + edges);"
-            f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it"
+            f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it; a full ghost list adds"
+            f" {r['ghost_bytes_per_block']:.0f} B per cached block"
         )
         return
     n = args.requests or (600 if args.quick else 3000)
