@@ -8,7 +8,8 @@ Provides `KVCacheGraph` and `EDGE_TYPES`. Nodes are block hashes (bytes); `graph
 Notifications (the manager calls them from its own thread; each is O(1) or O(degree) and takes the lock):
 - `on_store(block_hash, parent_hash=None, request_id=None, tier=tiers[0], token_span=(0, 0), source=None,
   importance=0.0)` — a block was stored (its parent is the previous block of the same prefix).
-- `on_hit(block_hash, request_id=None)` — a request found the block cached (call in prefix order).
+- `on_hit(block_hash, request_id=None)` — a request found the block cached (call in prefix order); the
+  same request looking again only refreshes recency (hits count requests after the one that stored it).
 - `on_step(hashes_used_together)` — blocks loaded or attended in one step.
 - `on_move(block_hash, tier_from, tier_to)` — spill or warm between tiers.
 - `on_remove(block_hash)` — the block is gone from every tier: its edges and counters go with it (its reuse
@@ -126,23 +127,23 @@ class KVCacheGraph:
         s = self._slot[block_hash]
         with self.lock:
             tb = self.table  # scalar reads through .item(): numpy scalars cost more than the work here
+            rid = hash(request_id)
+            if request_id is not None and rid == tb.last_request.item(s):
+                self._touch(s, block_hash)  # the same request looking again (lookups repeat): recency only
+                return
+            self.reuse.reused(tb.reuse_class.item(s))
+            tb.last_request[s] = rid
             hits = tb.hits.item(s) + 1
             tb.hits[s] = hits
-            rid = hash(request_id)
-            new_request = request_id is None or rid != tb.last_request.item(s)
-            if new_request:
-                self.reuse.reused(tb.reuse_class.item(s))
-            tb.last_request[s] = rid
-            requests = tb.requests.item(s) + new_request
+            requests = tb.requests.item(s) + 1
             tb.requests[s] = requests
             p = tb.live_parent(s)
             if p >= 0 and hits == 1:
                 tb.branches_hit[p] = tb.branches_hit.item(p) + 1
             tb.chain_hits[s] = max(tb.chain_hits.item(s), hits, self._inherited(p))
-            if new_request:
-                self._start_lifetime(s, p)
+            self._start_lifetime(s, p)
             self._touch(s, block_hash)
-            if new_request and p >= 0 and requests >= 2:
+            if p >= 0 and requests >= 2:
                 self._set(self._hashes[p], block_hash, "prefix_share", requests)
 
     def on_step(self, hashes_used_together: Iterable[Hashable]) -> None:

@@ -93,10 +93,11 @@ def test_graph_classes_runs_and_lifetimes_by_hand():
     assert lifetimes(g) == {root: (1, 0), first: (1, 0), deep: (1, 0)}
 
     g.on_hit(b"s", "r2")  # s's lifetime in `root` is reused; s opens one in chain level 2
-    g.on_hit(b"s", "r2")  # the same request looking again: no new lifetime
+    g.on_hit(b"s", "r2")  # the same request looking again: no new hit, no new lifetime
     g.on_store(b"v1", b"s", "r2", source="user")  # after a reused block: run 1; s now branches
     hot = reuse_class(1, 1, True)
     assert g.info(b"s")["reuse_class"] == hot and g.info(b"v1")["run"] == 1
+    assert (g.info(b"s")["hits"], g.info(b"s")["requests"]) == (1, 2)  # r2's second look is no new hit
     assert g.info(b"v1")["reuse_class"] == root
     assert lifetimes(g) == {root: (2, 1), first: (1, 0), deep: (1, 0), hot: (1, 0)}
 
