@@ -2,6 +2,7 @@
 
     python benchmarks/policies.py              # hit-rate table (3 trace families × 11 capacities), PNG plot
     python benchmarks/policies.py --quick      # smaller traces
+    python benchmarks/policies.py --seed 1     # other traces of the same families
     python benchmarks/policies.py --scale      # 250k blocks / ~1M edges: advisor cycle, hot-path read, memory
 
 Traces (block = 16 tokens; a request is its prompt's blocks in prefix order, hashed as a chain):
@@ -190,10 +191,12 @@ def belady(trace: list[list], capacity: int) -> float:
     return hit / total
 
 
-def run_table(families: tuple[str, ...], n_requests: int, weights: ScoreWeights | None) -> dict:
+def run_table(
+    families: tuple[str, ...], n_requests: int, weights: ScoreWeights | None, seed: int = 0
+) -> dict:
     results = {}
     for family in families:
-        trace = make_trace(family, n_requests)
+        trace = make_trace(family, n_requests, seed)
         ws = working_set(trace)
         results[family, "ws"] = ws
         for frac in FRACTIONS:
@@ -398,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", action="store_true", help="advisor cycle / hot-path read / memory per block")
     ap.add_argument("--blocks", type=int, default=250_000, help="graph size for --scale")
     ap.add_argument("--weights", default=None, help="ScoreWeights as JSON, e.g. '{\"hits\": 2}'")
+    ap.add_argument("--seed", type=int, default=0, help="trace generator seed (the table uses 0)")
     args = ap.parse_args(argv)
     if args.scale:
         r = run_scale(args.blocks)
@@ -423,10 +427,13 @@ def main(argv: list[str] | None = None) -> None:
     n = args.requests or (600 if args.quick else 3000)
     weights = ScoreWeights(**json.loads(args.weights)) if args.weights else None
     families = ("chat", "rag", "mixed")
-    results = run_table(families, n, weights)
+    results = run_table(families, n, weights, args.seed)
     out = Path(__file__).with_suffix(".png")
     save_png(results, families, out)
-    print(f"\n{n} requests per trace; plot (red LRU, green ARC, blue graph, grey offline bound): {out}\n")
+    print(
+        f"\n{n} requests per trace (seed {args.seed});"
+        f" plot (red LRU, green ARC, blue graph, grey offline bound): {out}\n"
+    )
     print_table(results, families)
 
 
