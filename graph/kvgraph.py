@@ -39,7 +39,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 import networkx as nx
 
 from tiercache.graph.reuse import ReuseStats, reuse_class
-from tiercache.graph.scoring import ScoreWeights, source_code
+from tiercache.graph.scoring import SOURCES, ScoreWeights, source_code
 from tiercache.graph.sketches import SketchIndex
 from tiercache.graph.state import BlockTable, TableCopy
 
@@ -72,6 +72,7 @@ class KVCacheGraph:
         self._sketches = sketches or SketchIndex()
         self._leaf_in: dict[Hashable, int] = {}  # block → tier it can be evicted from now, or -1
         self.reuse = ReuseStats(self.weights.reuse_window)
+        self._protected = tuple(self.weights.is_protected(code) for code in range(len(SOURCES)))
 
     # --- notifications -------------------------------------------------------------------------------
     def on_store(
@@ -311,11 +312,12 @@ class KVCacheGraph:
     def _start_lifetime(self, s: int, p: int) -> None:
         """Fix the block's reuse class from its features now and open a lifetime in it."""
         tb = self.table
-        opens_branch = (
-            p < 0
-            or self.weights.is_protected(tb.source.item(p))
-            or sum(tb.children.item(p, i) for i in range(len(self.tiers))) > 1
-        )
+        opens_branch = p < 0 or self._protected[tb.source.item(p)]
+        if not opens_branch:
+            kids = 0
+            for i in range(len(self.tiers)):
+                kids += tb.children.item(p, i)
+            opens_branch = kids > 1
         code = reuse_class(tb.chain_hits.item(s), tb.run.item(s), opens_branch)
         tb.reuse_class[s] = code
         self.reuse.start(code)
