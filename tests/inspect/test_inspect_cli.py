@@ -76,3 +76,12 @@ def test_list(lru_run, short_dir, monkeypatch, capsys):
         assert main(["inspect", "--list", "--json"]) == 0
         (row,) = json.loads(capsys.readouterr().out)
         assert row["socket"] == str(service.path) and row["evictions"] > 0
+
+
+def test_graph_summary_names_every_score_term():
+    from tiercache.inspect.explain import summary
+
+    comp = {"total": 1234.5, "tick": 1000, "horizon": 100, "reuse": -1.5, "hits": 0.0, "requests": 0.5,
+            "source": 0.0, "importance": 0.0, "protection": 4.0}  # fmt: skip
+    text = summary({"block": None, "components": comp, "policy": "graph", "decisions": []})
+    assert "reuse -1.50 + hits 0.00 + requests 0.50 + source 0.00 + importance 0.00 + protection 4.00" in text

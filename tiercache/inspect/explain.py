@@ -116,8 +116,8 @@ def summary(x: dict[str, Any]) -> str:
     if x["policy"] == "lru" and "idle_s" in comp:
         parts.append(f"LRU: idle {comp['idle_s']:.2f}s; the least recently used evictable block goes first.")
     elif "total" in comp:
-        terms = ("hits", "requests", "source", "importance", "protection")
-        value = " + ".join(f"{k} {comp[k]:.2f}" for k in terms)
+        terms = ("reuse", "hits", "requests", "source", "importance", "protection")
+        value = " + ".join(f"{k} {comp[k]:.2f}" for k in terms if k in comp)
         parts.append(
             f"graph priority {comp['total']:.1f} = tick {comp['tick']:.0f} + horizon {comp['horizon']:.0f} × "
             f"({value}); the lowest-priority leaf is evicted first."
