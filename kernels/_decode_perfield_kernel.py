@@ -127,8 +127,8 @@ def _decode_perfield_kernel(
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
     s = tl.program_id(1)
+    pdl_wait(PDL)  # every input may come from the previous kernel (the rotated query does)
     ctx = tl.load(ctx_ptr + b)
-    pdl_wait(PDL)  # the rotated query comes from the previous kernel
     start = s * split_tokens
     end = tl.minimum(start + split_tokens, ctx)
     g = tl.arange(0, GP)
