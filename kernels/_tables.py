@@ -55,7 +55,6 @@ class KernelTables:
     codebook: torch.Tensor  # [2**bits] f32
     codebook_f16: torch.Tensor  # [2**bits] f16
     codebook_bf16: torch.Tensor  # [2**bits] bf16
-    boundaries: torch.Tensor  # [2**bits − 1] f32
     grid: torch.Tensor  # [cells] int64: (boundaries below cell k) << 32 | f32 bits of the boundary inside it
     grid_offset: float  # cell(y) = clamp(floor(y · grid_inv_width + grid_offset), 0, cells − 1)
     grid_inv_width: float
@@ -104,7 +103,6 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         codebook=cb.to(device),
         codebook_f16=cb.to(torch.float16).to(device),
         codebook_bf16=cb.to(torch.bfloat16).to(device),
-        boundaries=codec.boundaries.to(device),
         grid=_packed_grid(codec).to(device),
         grid_offset=float(codec.tables("cpu").grid.offset),
         grid_inv_width=float(codec.tables("cpu").grid.inv_width),
