@@ -140,7 +140,6 @@ def sweep_configs() -> list[dict]:
         {"tile": 32, "programs_per_sm": 8},
         {"maxnreg": 80, "programs_per_sm": 6},
         {"num_warps": 2, "maxnreg": 128, "programs_per_sm": 8},
-        {"prefetch": True},
         {"pdl": False},
         {"min_wave_fill": 0.9},
         {"programs_per_sm": 8},

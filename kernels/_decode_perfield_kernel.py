@@ -119,7 +119,7 @@ def _decode_perfield_kernel(
     po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32 (field-major), partial lse [B, Hq, S] f32
     H, Hq, G, S, split_tokens,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, ROTATE_Q: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, ROTATE_Q: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_NG: tl.constexpr, K_LUT: tl.constexpr, K_ASM: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_NG: tl.constexpr, V_LUT: tl.constexpr, V_ASM: tl.constexpr,
     PDL: tl.constexpr = False, k_step=1.0,  # k_step: the key codebook step (K_LUT 3)
@@ -163,30 +163,14 @@ def _decode_perfield_kernel(
     acc3 = tl.zeros([GP, V_NG], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * sbt_b
     ar = tl.arange(0, TILE)
-    if PREFETCH:  # raw bytes of the next tile are in flight while this one is computed
-        kw, kn, vw, vn = _load_tile(
-            start + ar, end, bt_row, sbt_m, h,
+    for t0 in range(start, end, TILE):
+        tmask = (t0 + ar) < end
+        kw_c, kn_c, vw_c, vn_c = _load_tile(
+            t0 + ar, end, bt_row, sbt_m, h,
             kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
             vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
             BLOCK_SIZE, K_NG, V_NG,
         )  # fmt: skip
-    for t0 in range(start, end, TILE):
-        tmask = (t0 + ar) < end
-        if PREFETCH:
-            kw_c, kn_c, vw_c, vn_c = kw, kn, vw, vn
-            kw, kn, vw, vn = _load_tile(
-                t0 + TILE + ar, end, bt_row, sbt_m, h,
-                kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
-                vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
-                BLOCK_SIZE, K_NG, V_NG,
-            )  # fmt: skip
-        else:
-            kw_c, kn_c, vw_c, vn_c = _load_tile(
-                t0 + ar, end, bt_row, sbt_m, h,
-                kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
-                vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
-                BLOCK_SIZE, K_NG, V_NG,
-            )  # fmt: skip
         if K_LUT == 2:
             k0, k1 = _prmt_fields(kw_c, K_ASM)
             qk = _mma(q0, tl.trans(k0), tl.zeros([GP, TILE], dtype=tl.float32), IEEE, UPCAST)

@@ -45,7 +45,8 @@ CONFIG = {
     "split_overhead_tiles": 2.0,  # split planning: fixed cost of one program, in tile steps
     "num_warps": 4,
     "num_stages": 1,
-    "prefetch": False,
+    "prefetch": False,  # reshape/natural layouts: the next tile's bytes load during this one (perfield:
+    # measured 2-8x slower under its register cap, so it has no such path)
     "rotate_in_split": False,  # each split rotates its queries (one launch fewer) vs a separate launch
     "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
     "pdl": True,  # programmatic dependent launch of the split and merge kernels (Hopper+, not interpreted)
@@ -235,7 +236,7 @@ def _launch_perfield(
         workspace.partial_out, workspace.partial_lse,
         num_kv_heads, num_q_heads, group, splits, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=CONFIG["tile"], IEEE=ieee, UPCAST=interpreting(),
-        PREFETCH=CONFIG["prefetch"], ROTATE_Q=rotate_in_split,
+        ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
         V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
         PDL=pdl, k_step=kt.uniform_step or 1.0,

@@ -72,7 +72,7 @@ def test_decode_rejects_bad_gqa():
         {"layout": "reshape"},
         {"layout": "reshape", "rotate_in_split": False},
         {"layout": "perfield", "lut": "prmt", "rotate_in_split": False},
-        {"layout": "perfield", "lut": "none", "prefetch": False},
+        {"layout": "perfield", "lut": "none"},
     ],
 )
 @pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4), (4, 2)])

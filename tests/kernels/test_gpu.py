@@ -40,7 +40,7 @@ LAYOUTS = [
     {"layout": "reshape"},
     {"layout": "perfield", "lut": "prmt"},
     {"layout": "perfield", "lut": "gather", "tile": 32},
-    {"layout": "perfield", "lut": "none", "rotate_in_split": False, "prefetch": False},
+    {"layout": "perfield", "lut": "none", "rotate_in_split": False},
 ]
 
 
