@@ -70,7 +70,7 @@ def _decode_split_kernel(
     vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
     ktab_ptr, vtab_ptr,  # byte LUTs (K_LUT / V_LUT) or codebooks in the operand dtype
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
-    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32
+    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32 (S: room per row ≥ splits)
     H, Hq, G, S, split_tokens,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, TILE: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, FIELD_MAJOR: tl.constexpr,

@@ -16,17 +16,17 @@ from ._triton_common import pdl_wait
 
 @triton.jit
 def _decode_merge_kernel(
-    po_ptr, pl_ptr,  # partial out [B, Hq, S, D] f32, partial lse [B, Hq, S] f32 (base 2)
+    po_ptr, pl_ptr,  # partial out [B, Hq, SS, D] f32, partial lse [B, Hq, SS] f32 (base 2)
     rot_ptr,  # [D, D] f32: merged row @ rot = output row
     o_ptr, so_b, so_h,  # out [B, Hq, D] (last stride 1)
-    Hq, S,
+    Hq, S, SS,  # S partials per row, SS ≥ S apart
     D: tl.constexpr, SP: tl.constexpr, SC: tl.constexpr, JC: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_wait(PDL)  # the partials come from the split kernel
     pid = tl.program_id(0)
     b = pid // Hq
     hq = pid % Hq
-    row = pid.to(tl.int64) * S
+    row = pid.to(tl.int64) * SS
     s = tl.arange(0, SP)
     lse = tl.load(pl_ptr + row + s, mask=s < S, other=float("-inf"))
     m = tl.max(lse, axis=0)

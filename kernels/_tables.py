@@ -189,3 +189,43 @@ UNIFORM8_ASM = " ".join([
     "prmt.b32 h0, $2, m, 0x4140;", "prmt.b32 h1, $2, m, 0x4342;",
     "sub.f16x2 $0, h0, c;", "sub.f16x2 $1, h1, c;", "}",
 ])  # fmt: skip
+
+
+def _f16_bits(codebook: torch.Tensor) -> torch.Tensor:
+    return codebook.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def f16_pair_lut(codebook: torch.Tensor) -> torch.Tensor:
+    """4-bit codebook → int32 [256]: entry e packs float16 c[e & 15] (low half) and c[e >> 4] (high half)."""
+    bits = _f16_bits(codebook)
+    e = torch.arange(256)
+    return _as_int32(bits[e & 15] | (bits[e >> 4] << 16))
+
+
+def f16_byte_lut(codebook: torch.Tensor) -> torch.Tensor:
+    """8-bit codebook → int32 [256]: entry e holds float16 c[e] in its low half."""
+    return _as_int32(_f16_bits(codebook))
+
+
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+_LUT_CACHE: dict[tuple, tuple[torch.Tensor, int, int]] = {}
+
+
+def decode_lut_table(
+    k_codec: TurboQuantCodec, v_codec: TurboQuantCodec, key_mode: int, device: torch.device
+) -> tuple[torch.Tensor, int, int]:
+    """The Gluon decode kernel's two tables as int32 [256, 2], and the byte offsets (0 or 128) of the key and
+    value tables in its shared-memory layout. Values: f16_pair_lut (4-bit). Keys: key_mode 4 → f16_pair_lut
+    (shared with the values when equal), 8 → f16_byte_lut, 9 (uniform 8-bit, arithmetic) → none."""
+    key = (k_codec.codec_id, v_codec.codec_id, key_mode, device)
+    if key not in _LUT_CACHE:
+        v = f16_pair_lut(v_codec.codebook)
+        k = {4: lambda: f16_pair_lut(k_codec.codebook), 8: lambda: f16_byte_lut(k_codec.codebook)}.get(
+            key_mode, lambda: v
+        )()
+        k_off = 0 if torch.equal(k, v) else 128
+        _LUT_CACHE[key] = (torch.stack([v, k], dim=1).contiguous().to(device), k_off, 0)
+    return _LUT_CACHE[key]

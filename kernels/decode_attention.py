@@ -8,19 +8,24 @@ Provides:
 
 Three launches (two with rotate_in_split), no host synchronisation: the query rotation, the split kernel
 (rotated-domain scoring, each K/V byte read once per kv head for all its query heads, online softmax over
-TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back). The default
-split kernel is _decode_perfield_kernel (2/4/8-bit; 3-bit uses _decode_split_kernel); on the GPU its
-4-bit centroid lookup is inline PTX (register permutes), which the interpreter replaces by a table gather
-(tests/kernels/test_decode_tables.py checks the PTX text; test_gpu.py runs it). With a workspace (and
-`out`) passed in, the call allocates nothing, so it can be captured in a CUDA graph. The number of splits
-depends only on shapes.
-Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference);
-bfloat16/float16 queries use bfloat16 operands with float32 accumulation, like bf16 SDPA.
+TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back).
+Split kernels: on CUDA with 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys and enough work
+(`lut_min_work`), the Gluon kernel _decode_lut_kernel (mma.sync, lookups in shared memory; GPU only: its PTX
+text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs it). Otherwise the Triton
+_decode_perfield_kernel (2/4/8-bit; 3-bit uses _decode_split_kernel), whose 4-bit lookup on the GPU is
+inline PTX (register permutes) that the interpreter replaces by a table gather (test_decode_tables.py).
+With a workspace (and `out`) passed in, the call allocates nothing, so it can be captured in a CUDA graph.
+The number of splits depends only on shapes.
+Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference); bfloat16 /
+float16 queries use 16-bit operands with float32 accumulation, like bf16 SDPA (bfloat16 in the Triton
+kernels, float16 centroids, queries and probabilities in the Gluon kernel, whose value norms must stay
+below float16's 65504).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -28,7 +33,7 @@ import torch
 
 from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, pdl_supported, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
-from ._tables import UNIFORM8_ASM, kernel_tables
+from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
 from .codec import TurboQuantCodec
 from .reference import decode_attention_reference
 
@@ -50,15 +55,32 @@ CONFIG = {
     "rotate_in_split": False,  # each split rotates its queries (one launch fewer) vs a separate launch
     "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
     "pdl": True,  # programmatic dependent launch of the split and merge kernels (Hopper+, not interpreted)
+    "lut_kernel": True,  # the Gluon kernel (_decode_lut_kernel) where it applies, see _lut_mode_of
+    "lut_min_work": 1 << 18,  # ... and for B · H · max_blocks · block_size ≥ this (below, its 64 KiB table
+    # fill per program costs more than it saves: H200, K4V4 1×4K 26 µs vs 20 µs for the Triton kernel)
+    "lut_warps": 8,  # its warps per program (a power of two)
+    "lut_tile": 32,  # its tokens per warp and step (32 or 64)
+    "lut_maxnreg": 128,  # its register cap per thread
+    "lut_prefetch": False,  # it loads the next tile while computing this one
+    "lut_programs_per_sm": 2,  # its programs resident per SM (64 KiB of shared memory each)
 }
+_LOG = logging.getLogger(__name__)
 _LOG2E = 1.4426950408889634
 _ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
+HAVE_GLUON = False
 if HAVE_TRITON:
     from ._decode_kernel import _decode_split_kernel, _rotate_query_kernel
     from ._decode_merge_kernel import _decode_merge_kernel
     from ._decode_perfield_kernel import _decode_perfield_kernel
+
+    try:  # Gluon is experimental: a Triton without it (or with another API) keeps the Triton kernels
+        from . import _decode_lut_kernel as _lut
+
+        HAVE_GLUON = True
+    except (ImportError, AttributeError):
+        pass
 
 
 def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
@@ -93,13 +115,14 @@ def _plan_splits(rows: int, tiles: int, capacity: int, min_fill: float, overhead
 class DecodeWorkspace:
     """Split-K scratch of one decode shape: partial outputs and their log-sum-exps (float32)."""
 
-    partial_out: torch.Tensor  # [B, Hq, S, D] f32
-    partial_lse: torch.Tensor  # [B, Hq, S] f32
+    partial_out: torch.Tensor  # [B, Hq, P, D] f32: room for P partials per query head
+    partial_lse: torch.Tensor  # [B, Hq, P] f32
     q_rot_f32: torch.Tensor  # [B, Hq, D] rotated query (float32 queries)
-    q_rot_bf16: torch.Tensor  # [B, Hq, D] rotated query (16-bit queries)
+    q_rot_bf16: torch.Tensor  # [B, Hq, D] rotated query (16-bit queries, Triton kernels)
+    q_rot_f16: torch.Tensor  # [B, Hq, D] rotated query (16-bit queries, Gluon kernel)
 
     @property
-    def num_splits(self) -> int:
+    def capacity(self) -> int:
         return self.partial_lse.shape[2]
 
     @classmethod
@@ -107,12 +130,18 @@ class DecodeWorkspace:
         cls, query: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int
     ) -> DecodeWorkspace:
         batch, num_q_heads, head_dim = query.shape
-        splits = plan_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+        tokens = block_tables.shape[1] * block_size
+        partials = max(
+            plan_num_splits(batch, num_kv_heads, tokens, query.device),
+            _lut_partials(batch, num_kv_heads, tokens, query.device),
+        )
+        dev = query.device
         return cls(
-            torch.empty(batch, num_q_heads, splits, head_dim, device=query.device, dtype=torch.float32),
-            torch.empty(batch, num_q_heads, splits, device=query.device, dtype=torch.float32),
-            torch.empty(batch, num_q_heads, head_dim, device=query.device, dtype=torch.float32),
-            torch.empty(batch, num_q_heads, head_dim, device=query.device, dtype=torch.bfloat16),
+            torch.empty(batch, num_q_heads, partials, head_dim, device=dev, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, partials, device=dev, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=torch.float32),
+            torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=torch.bfloat16),
+            torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=torch.float16),
         )
 
 
@@ -148,7 +177,20 @@ def tq_decode_attention(
     if workspace is None:
         workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)
     _check_workspace(workspace, query)
-    splits = workspace.num_splits
+    group = num_q_heads // num_kv_heads
+    work = batch * num_kv_heads * block_tables.shape[1] * block_size
+    lut_mode = 0
+    if work >= CONFIG["lut_min_work"]:
+        lut_mode = _lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size)
+    if lut_mode:
+        try:
+            return _launch_lut(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
+                               k_codec, v_codec, scale, workspace, out, lut_mode)  # fmt: skip
+        except _LutUnsupported as err:  # this Triton compiles the kernel differently: use the Triton kernels
+            CONFIG["lut_kernel"] = False
+            _LOG.warning("decode: %s; falling back to the Triton kernels (CONFIG['lut_kernel'] = False)", err)
+    splits = plan_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+    _check_capacity(workspace, splits)
     tile = CONFIG["tile"]
     tiles = -(-block_tables.shape[1] * block_size // tile)
     split_tokens = tile * -(-tiles // splits)
@@ -157,15 +199,15 @@ def tq_decode_attention(
     k_lut, v_lut = not ieee and kt.bytes_per_group == 1, not ieee and vt.bytes_per_group == 1
     ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
-    group = num_q_heads // num_kv_heads
     gp = max(16, next_pow2(group))
     q = query if query.stride(-1) == 1 else query.contiguous()
     q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
     layout = CONFIG["layout"]
     if layout == "perfield" and kt.bits in (2, 4, 8) and vt.bits in (2, 4, 8):
         _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-                         kt, vt, workspace, scale, split_tokens, block_size, group, gp, ieee)  # fmt: skip
-        return _merge(workspace, vt.rot_perm, out)
+                         kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp,
+                         ieee)  # fmt: skip
+        return _merge(workspace, splits, vt.rot_perm, out)
     if layout == "perfield":  # 3-bit K or V
         layout = "reshape"
     # "reshape": field-major tiles; "natural": natural order + byte LUTs
@@ -187,24 +229,25 @@ def tq_decode_attention(
         v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
         ktab, vtab, block_tables, *block_tables.stride(), context_lens,
         workspace.partial_out, workspace.partial_lse,
-        num_kv_heads, num_q_heads, group, splits, split_tokens,
+        num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
         PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
         num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
-    return _merge(workspace, vt.rot_perm if fields else vt.rot, out)
+    return _merge(workspace, splits, vt.rot_perm if fields else vt.rot, out)
 
 
-def _merge(workspace: DecodeWorkspace, rot: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Log-sum-exp merge of the splits and the rotation back (rot: Π, or Π[perm, :] for field-major)."""
+def _merge(workspace: DecodeWorkspace, splits: int, rot: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Log-sum-exp merge of the first `splits` partials and the rotation back (rot: Π, or Π[perm, :] for
+    field-major partials)."""
     batch, num_q_heads, head_dim = out.shape
-    splits = workspace.num_splits
     pdl = _pdl(out.device)
     _decode_merge_kernel[(batch * num_q_heads,)](
         workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
-        num_q_heads, splits, D=head_dim, SP=next_pow2(splits), SC=min(64, next_pow2(splits)), JC=32,
+        num_q_heads, splits, workspace.capacity, D=head_dim, SP=next_pow2(splits),
+        SC=min(64, next_pow2(splits)), JC=32,
         PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
@@ -212,11 +255,11 @@ def _merge(workspace: DecodeWorkspace, rot: torch.Tensor, out: torch.Tensor) -> 
 
 def _launch_perfield(
     q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-    kt, vt, workspace, scale, split_tokens, block_size, group, gp, ieee,
+    kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp, ieee,
 ) -> None:  # fmt: skip
     """The split kernel with one dot per packed field (2/4/8-bit K and V); partials in field-major order."""
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads, splits = k_packed.shape[2], workspace.num_splits
+    num_kv_heads = k_packed.shape[2]
     k_lut, v_lut = _lut_mode(kt, ieee, keys=True), _lut_mode(vt, ieee, keys=False)
     ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
@@ -234,7 +277,7 @@ def _launch_perfield(
         v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
         ktab, vtab, block_tables, *block_tables.stride(), context_lens,
         workspace.partial_out, workspace.partial_lse,
-        num_kv_heads, num_q_heads, group, splits, split_tokens,
+        num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=CONFIG["tile"], IEEE=ieee, UPCAST=interpreting(),
         ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
@@ -243,6 +286,114 @@ def _launch_perfield(
         num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
+
+
+def _lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int) -> int:
+    """The Gluon kernel's key mode (4: 4-bit, 8: 8-bit Lloyd-Max, 9: 8-bit uniform) where it applies, else 0:
+    CUDA (sm_80+), 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys, G ≤ 8, a power-of-two block
+    size and packed caches readable as int32 words."""
+    if not (CONFIG["lut_kernel"] and HAVE_GLUON and query.is_cuda and not interpreting()):
+        return 0
+    if query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] != 128 or group > 8:
+        return 0
+    if v_codec.bits != 4 or k_codec.bits not in (4, 8) or block_size & (block_size - 1):
+        return 0
+    if _capability(query.device.index if query.device.index is not None else torch.cuda.current_device()) < (
+        8,
+        0,
+    ):
+        return 0
+    if not (_int32_words(k_packed) and _int32_words(v_packed)):
+        return 0
+    if k_codec.bits == 4:
+        return 4
+    return 9 if kernel_tables(k_codec, query.device).uniform_step is not None else 8
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _int32_words(packed: torch.Tensor) -> bool:
+    """Whether the kernel can read `packed` as int32 words with int32 offsets."""
+    if packed.stride(-1) != 1 or any(s % 4 for s in packed.stride()[:-1]) or packed.data_ptr() % 4:
+        return False
+    extent = 1 + sum((n - 1) * s for n, s in zip(packed.shape, packed.stride(), strict=True))
+    return extent // 4 < 2**31
+
+
+def _lut_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    step = CONFIG["lut_warps"] * CONFIG["lut_tile"]
+    capacity = CONFIG["lut_programs_per_sm"] * num_sms(device)
+    return _plan_splits(
+        batch * num_kv_heads, -(-max_tokens // step), capacity, CONFIG["min_wave_fill"],
+        CONFIG["split_overhead_tiles"],
+    )  # fmt: skip
+
+
+def _lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Partials per query head of the Gluon kernel (splits × its warps); 0 where it cannot run."""
+    if not (HAVE_GLUON and device.type == "cuda"):
+        return 0
+    return _lut_splits(batch, num_kv_heads, max_tokens, device) * CONFIG["lut_warps"]
+
+
+def _launch_lut(
+    query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec, scale,
+    workspace, out, key_mode,
+) -> torch.Tensor:  # fmt: skip
+    """Query rotation, the Gluon split kernel (partials in natural rotated order) and the merge."""
+    batch, num_q_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_packed.shape[2], k_packed.shape[1]
+    group = num_q_heads // num_kv_heads
+    dev = query.device
+    kt, vt = kernel_tables(k_codec, dev), kernel_tables(v_codec, dev)
+    max_tokens = block_tables.shape[1] * block_size
+    splits = _lut_splits(batch, num_kv_heads, max_tokens, dev)
+    warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
+    step = warps * tile
+    _check_capacity(workspace, splits * warps)
+    q = query if query.stride(-1) == 1 else query.contiguous()
+    _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
+        q, q.stride(0), q.stride(1), kt.rot_t, workspace.q_rot_f16,
+        num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=max(16, next_pow2(group)),
+        DC=_ROTATE_COLUMNS, num_warps=4,
+    )  # fmt: skip
+    table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
+    k_asm = {4: _lut.k4_asm(k_off), 8: _lut.k8_asm(k_off), 9: _lut.K8U_ASM}[key_mode]
+    kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
+    items = batch * num_kv_heads * splits
+    split_tokens = step * -(-max_tokens // (splits * step))
+    kernel = _lut._decode_lut_kernel[(min(items, CONFIG["lut_programs_per_sm"] * num_sms(dev)),)](
+        workspace.q_rot_f16, kw, *kw.stride()[:3], k_norms, *k_norms.stride(),
+        vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table,
+        block_tables, *block_tables.stride(), context_lens, workspace.partial_out, workspace.partial_lse,
+        num_kv_heads, num_q_heads, group, splits, workspace.capacity, split_tokens, items,
+        block_tables.shape[1], kt.uniform_step or 1.0,
+        BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
+        V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, PREFETCH=CONFIG["lut_prefetch"], num_warps=warps,
+        maxnreg=CONFIG["lut_maxnreg"],
+    )  # fmt: skip
+    LAST_COMPILED["split"] = kernel
+    if kernel.metadata.shared != _lut.LUT_BYTES:  # the PTX reads the table at offset 0 of shared memory
+        raise _LutUnsupported(
+            f"_decode_lut_kernel compiled to {kernel.metadata.shared} bytes of shared memory, not only its "
+            f"{_lut.LUT_BYTES}-byte table"
+        )
+    return _merge(workspace, splits * warps, vt.rot, out)
+
+
+class _LutUnsupported(RuntimeError):
+    """The Gluon kernel compiled to something its inline PTX cannot rely on (its output is discarded)."""
+
+
+def _check_capacity(workspace: DecodeWorkspace, partials: int) -> None:
+    if workspace.capacity < partials:
+        raise ValueError(
+            f"workspace holds {workspace.capacity} partials per head, this call needs {partials}: allocate "
+            "it with DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)"
+        )
 
 
 def _asm(tables, lut_mode: int) -> str:

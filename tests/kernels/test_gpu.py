@@ -4,7 +4,13 @@ import pytest
 import torch
 from kernel_cases import BIT_PAIRS, codec, random_block_tables, random_cache, rel_err
 
-from tiercache.kernels import DecodeWorkspace, tq_decode_attention, tq_dequantize_blocks, tq_encode_store
+from tiercache.kernels import (
+    DecodeWorkspace,
+    TurboQuantCodec,
+    tq_decode_attention,
+    tq_dequantize_blocks,
+    tq_encode_store,
+)
 from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.reference import decode_attention_reference
 
@@ -36,11 +42,16 @@ def test_decode_gpu(k_bits, v_bits, head_dim, block_size, group):
         assert rel_err(out, ref) <= tol, dtype
 
 
-LAYOUTS = [
-    {"layout": "reshape"},
-    {"layout": "perfield", "lut": "prmt"},
-    {"layout": "perfield", "lut": "gather", "tile": 32},
-    {"layout": "perfield", "lut": "none", "rotate_in_split": False},
+LAYOUTS = [  # the Triton kernels (the Gluon kernel has its own tests below)
+    {"layout": "reshape", "lut_kernel": False},
+    {"layout": "perfield", "lut": "prmt", "lut_kernel": False},
+    {"layout": "perfield", "lut": "gather", "tile": 32, "lut_kernel": False},
+    {"layout": "perfield", "lut": "none", "rotate_in_split": False, "lut_kernel": False},
+]
+LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shapes of its launch configuration
+    {"lut_min_work": 0},
+    {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None, "lut_programs_per_sm": 3},
+    {"lut_min_work": 0, "lut_warps": 4, "lut_prefetch": True, "lut_maxnreg": 168, "lut_programs_per_sm": 3},
 ]
 
 
@@ -88,12 +99,58 @@ def test_encode_dequantize_gpu(k_bits, v_bits, dtype):
             assert rel_err(out, ref) <= tol
 
 
-@pytest.mark.parametrize("config", LAYOUTS[:2])
+def lut_case(key, block_size, group, dtype, lens, seed):
+    """A decode problem the Gluon kernel takes: head_dim 128, 4-bit values, caches readable as int32 words
+    (viewed out of wider buffers at a 4-byte offset: strided, not 16-byte aligned)."""
+    gen = torch.Generator().manual_seed(seed)
+    bits, codebook = key
+    kc = TurboQuantCodec(128, bits, seed=1, codebook=codebook)
+    vc = TurboQuantCodec(128, 4, seed=2)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 16
+
+    def cache(c):
+        wide = torch.randint(0, 256, (num_blocks, block_size, 8, c.packed_dim + 8), generator=gen)
+        norms = torch.rand(num_blocks, block_size, 8, generator=gen) * 4 + 0.5
+        return wide.to(torch.uint8)[..., 4 : 4 + c.packed_dim].to(DEV), norms.to(DEV)
+
+    (kp, kn), (vp, vn) = cache(kc), cache(vc)
+    tables = random_block_tables(lens, block_size, num_blocks, gen).to(DEV)
+    query = (torch.randn(len(lens), 8 * group, 128, generator=gen) * 2).to(DEV, dtype)
+    return query, kp, kn, vp, vn, tables, torch.tensor(lens, dtype=torch.int32, device=DEV), kc, vc
+
+
+LUT_KEYS = {(4, "lloyd"): 4, (8, "lloyd"): 8, (8, "uniform"): 9}  # key (bits, codebook) → kernel key mode
+
+
+@pytest.mark.parametrize("config", LUT_CONFIGS)
+@pytest.mark.parametrize("key", list(LUT_KEYS))
+@pytest.mark.parametrize("block_size,group", [(16, 4), (32, 1), (16, 8)])
+def test_decode_gpu_gluon_kernel(monkeypatch, config, key, block_size, group):
+    """The Gluon kernel against the float64 reference; the call must really take it (key mode checked)."""
+    if not decode_module.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    for name, value in config.items():
+        monkeypatch.setitem(decode_module.CONFIG, name, value)
+    for dtype in (torch.bfloat16, torch.float16):
+        args = lut_case(key, block_size, group, dtype, [1, 17, 333, 4099, 64], seed=block_size + group)
+        mode = decode_module._lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size)
+        assert mode == LUT_KEYS[key]
+        out = torch.full_like(args[0], float("nan"))
+        tq_decode_attention(*args, out=out)
+        ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= 1e-2, dtype
+
+
+@pytest.mark.parametrize("config", [LAYOUTS[0], LAYOUTS[1], {"lut_kernel": True, "lut_min_work": 0}])
 def test_decode_cuda_graph_capture_and_replay(monkeypatch, config):
     for key, value in config.items():
         monkeypatch.setitem(decode_module.CONFIG, key, value)
     longest = [900, 64, 3000]
-    args = decode_case(8, 4, 128, 16, 4, torch.bfloat16, longest, seed=9)
+    if config.get("lut_kernel"):
+        args = lut_case((8, "lloyd"), 16, 4, torch.bfloat16, longest, seed=9)
+        assert decode_module._lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16) == 8
+    else:
+        args = decode_case(8, 4, 128, 16, 4, torch.bfloat16, longest, seed=9)
     query = args[0]
     ws = DecodeWorkspace.allocate(query, args[5], 16, 8)
     out = torch.empty_like(query)
