@@ -4,8 +4,8 @@
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--before] [--json PATH]
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
-in the same run. Prints one table per preset last; --before adds the kernel under BEFORE (the launch
-configuration of commit 35669b4) timed in the same run.
+in the same run. Prints one table per preset last; --before adds the kernel under BEFORE (the Triton
+perfield kernel that the Gluon kernel replaced) timed in the same run.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ PRESETS = {
     "k8v4u": (8, 4, "uniform", "lloyd"),  # the k8v4u codec preset: uniform 8-bit keys
 }
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-BEFORE = {"layout": "reshape", "tile": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 1,
-          "prefetch": True, "rotate_in_split": True, "lut": "gather", "maxnreg": None}  # fmt: skip
+BEFORE = {"lut_kernel": False}  # the Triton perfield kernel (the default until the Gluon kernel, 066e2a9)
 
 
 class Case:
@@ -134,15 +133,12 @@ def sweep_configs() -> list[dict]:
     base = dict(decode_module.CONFIG)
     variants = [
         {},
-        {"num_stages": 2},
-        {"num_stages": 3},
-        {"tile": 128},
-        {"tile": 32, "programs_per_sm": 8},
-        {"maxnreg": 80, "programs_per_sm": 6},
-        {"num_warps": 2, "maxnreg": 128, "programs_per_sm": 8},
-        {"pdl": False},
-        {"min_wave_fill": 0.9},
-        {"programs_per_sm": 8},
+        {"lut_prefetch": True},
+        {"lut_warps": 4, "lut_prefetch": True, "lut_maxnreg": 168, "lut_programs_per_sm": 3},
+        {"lut_warps": 4, "lut_prefetch": True, "lut_maxnreg": None},
+        {"lut_warps": 4, "lut_tile": 64, "lut_prefetch": True, "lut_maxnreg": None},
+        {"lut_warps": 16, "lut_maxnreg": 96, "lut_programs_per_sm": 1},
+        {"lut_warps": 16, "lut_prefetch": True, "lut_maxnreg": 128, "lut_programs_per_sm": 1},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]
 
