@@ -92,8 +92,8 @@ K8U_ASM = " ".join([
     "sub.f16x2 h1, h1, c;", "mov.b32 {$0, $1}, h0;", "mov.b32 {$2, $3}, h1;", "}",
 ])  # fmt: skip
 
-# Scores of heads 2t ($2) and 2t+1 ($1) of token row g of an 8×8 block → float16 Pᵀ fragment ($0: token
-# 2t, head g; the other half token 2t+1): pack, then transpose the 8×8 block across the warp.
+# Probabilities of heads 2t ($2) and 2t+1 ($3) of token row g of an 8×8 block → the float16 Pᵀ fragment
+# ($0: token 2t, head g; $1: token 2t+1, head g): pack, then transpose the 8×8 block across the warp.
 PT_ASM = gl.constexpr(" ".join([
     "{", ".reg .b32 x, y;", "cvt.rn.f16x2.f32 x, $3, $2;", "movmatrix.sync.aligned.m8n8.trans.b16 y, x;",
     "mov.b32 {$0, $1}, y;", "}",
@@ -152,7 +152,7 @@ def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.conste
             K_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, probe], dtype=(gl.float16,) * 8, is_pure=True, pack=1
         )
         x = _join4(gl.join(o0, o1), gl.join(o2, o3), gl.join(o4, o5), gl.join(o6, o7))
-        # [W, 64, w3, w2, w1, w0, nib, b0, b1] → logical (high → low) w1 w0 b1 b0 w3 w2 nib
+        # [W, T, w3, w2, w1, w0, nib, b0, b1] → logical (high → low) w1 w0 b1 b0 w3 w2 nib
         x = gl.permute(x, [0, 1, 4, 5, 8, 7, 2, 3, 6])
     else:
         w = gl.reshape(words, [W, T, 2, 2, 2, 2, 2])  # w4 w3 w2 w1 w0
@@ -160,7 +160,7 @@ def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.conste
             K_ASM, "=h,=h,=h,=h,r,r", [w, probe], dtype=(gl.float16,) * 4, is_pure=True, pack=1
         )
         x = _join4(o0, o1, o2, o3)
-        # [W, 64, w4, w3, w2, w1, w0, b0, b1] → logical (high → low) w2 w1 w0 b1 w4 w3 b0
+        # [W, T, w4, w3, w2, w1, w0, b0, b1] → logical (high → low) w2 w1 w0 b1 w4 w3 b0
         x = gl.permute(x, [0, 1, 4, 5, 6, 8, 2, 3, 7])
     return gl.reshape(x, [W, T, 128])
 
@@ -169,7 +169,7 @@ def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.conste
 def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_ASM: gl.constexpr):
     """Packed 4-bit value words [W, T, 16] → V̂ᵀ [W, 128, T] float16, rows in logical order."""
     pairs = gl.permute(gl.reshape(words, [W, T // 2, 2, 16]), [0, 1, 3, 2])
-    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, 32, 16]
+    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, 16]
     wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2])  # w3 w2 w1 w0
     wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2])
     o = gl.inline_asm_elementwise(
@@ -180,7 +180,7 @@ def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_ASM: gl.constex
         gl.join(o[0], o[1]), gl.join(o[2], o[3]), gl.join(o[4], o[5]), gl.join(o[6], o[7]),
         gl.join(o[8], o[9]), gl.join(o[10], o[11]), gl.join(o[12], o[13]), gl.join(o[14], o[15]),
     )  # fmt: skip
-    # [W, 32, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
+    # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
     x = gl.permute(x, [0, 9, 8, 7, 5, 2, 3, 4, 1, 6])
     return gl.reshape(x, [W, 128, T])
 
