@@ -319,20 +319,15 @@ def _decode_lut_kernel(
                 kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h, BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
             )  # fmt: skip
         for t0 in range(start, end, W * T):
-            if PREFETCH:  # the next tile's loads are in flight while this one is computed
-                nxt = _load_tile(
-                    t0 + W * T, end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
-                    kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
-                    kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
-                    BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
-                )  # fmt: skip
-            else:
-                kwords, vwords, kn, vn, sv = _load_tile(
-                    t0, end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
-                    kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
-                    kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
-                    BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
-                )  # fmt: skip
+            # this tile's loads, or with PREFETCH the next tile's, in flight while this one is computed
+            loaded = _load_tile(
+                t0 + PREFETCH * (W * T), end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
+                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
+                kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
+                BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
+            )  # fmt: skip
+            if not PREFETCH:
+                kwords, vwords, kn, vn, sv = loaded
             k_op = gl.convert_layout(_k_operand(kwords, probe, W, T, K_MODE, K_ASM), OPA, assert_trivial=True)
             qk = mma_v2(k_op, q, gl.zeros([W, T, 8], gl.float32, MMA))
             if K_MODE == 9:
@@ -349,7 +344,7 @@ def _decode_lut_kernel(
             acc = mma_v2(v_op, p_op, acc * gl.expand_dims(alpha, 1))
             m_i = m_new
             if PREFETCH:
-                kwords, vwords, kn, vn, sv = nxt
+                kwords, vwords, kn, vn, sv = loaded
 
         has = l_i > 0
         inv = 1.0 / gl.where(has, l_i, 1.0)

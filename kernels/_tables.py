@@ -223,9 +223,12 @@ def decode_lut_table(
     key = (k_codec.codec_id, v_codec.codec_id, key_mode, device)
     if key not in _LUT_CACHE:
         v = f16_pair_lut(v_codec.codebook)
-        k = {4: lambda: f16_pair_lut(k_codec.codebook), 8: lambda: f16_byte_lut(k_codec.codebook)}.get(
-            key_mode, lambda: v
-        )()
+        if key_mode == 4:
+            k = f16_pair_lut(k_codec.codebook)
+        elif key_mode == 8:
+            k = f16_byte_lut(k_codec.codebook)
+        else:
+            k = v  # no key table: the second one repeats the values'
         k_off = 0 if torch.equal(k, v) else 128
         _LUT_CACHE[key] = (torch.stack([v, k], dim=1).contiguous().to(device), k_off, 0)
     return _LUT_CACHE[key]

@@ -218,11 +218,7 @@ def tq_decode_attention(
     rot_q = kt.rot_t_perm if fields else kt.rot_t
     rotate_in_split = CONFIG["rotate_in_split"]
     if not rotate_in_split:
-        _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
-            q, q.stride(0), q.stride(1), rot_q, q_rot,
-            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, DC=_ROTATE_COLUMNS,
-            num_warps=4,
-        )  # fmt: skip
+        _rotate_queries(q, rot_q, q_rot, num_kv_heads, scale)
     LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), rot_q, scale * _LOG2E,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
@@ -237,6 +233,20 @@ def tq_decode_attention(
         num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
     return _merge(workspace, splits, vt.rot_perm if fields else vt.rot, out)
+
+
+def _rotate_queries(
+    q: torch.Tensor, rot: torch.Tensor, q_rot: torch.Tensor, num_kv_heads: int, scale: float,
+    split16: bool = False, pdl: bool = False,
+) -> None:  # fmt: skip
+    """q_rot ← q·rot·scale·log2 e. rot: Πᵀ in any coordinate order, f32 [D, D] or (split16) bf16 [3, D, D]"""
+    batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
+        q, q.stride(0), q.stride(1), rot, q_rot,
+        num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=max(16, next_pow2(group)),
+        DC=_ROTATE_COLUMNS, SPLIT16=split16, UPCAST=interpreting(), PDL=pdl, num_warps=4,
+    )  # fmt: skip
 
 
 def _merge(workspace: DecodeWorkspace, splits: int, rot: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -266,11 +276,8 @@ def _launch_perfield(
     rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
     pdl = _pdl(q.device)
     if not rotate_in_split:
-        _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
-            q, q.stride(0), q.stride(1), kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3, q_rot,
-            num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=gp, DC=_ROTATE_COLUMNS,
-            SPLIT16=not ieee, UPCAST=interpreting(), PDL=pdl, num_warps=4,
-        )  # fmt: skip
+        rot = kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3
+        _rotate_queries(q, rot, q_rot, num_kv_heads, scale, split16=not ieee, pdl=pdl)
     LAST_COMPILED["split"] = _decode_perfield_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), kt.rot_t_perm_bf16x3, scale * _LOG2E,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
@@ -344,7 +351,7 @@ def _launch_lut(
     workspace, out, key_mode,
 ) -> torch.Tensor:  # fmt: skip
     """Query rotation, the Gluon split kernel (partials in natural rotated order) and the merge."""
-    batch, num_q_heads, head_dim = query.shape
+    batch, num_q_heads, _ = query.shape
     num_kv_heads, block_size = k_packed.shape[2], k_packed.shape[1]
     group = num_q_heads // num_kv_heads
     dev = query.device
@@ -355,13 +362,9 @@ def _launch_lut(
     step = warps * tile
     _check_capacity(workspace, splits * warps)
     q = query if query.stride(-1) == 1 else query.contiguous()
-    _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
-        q, q.stride(0), q.stride(1), kt.rot_t, workspace.q_rot_f16,
-        num_kv_heads, num_q_heads, group, scale * _LOG2E, D=head_dim, GP=max(16, next_pow2(group)),
-        DC=_ROTATE_COLUMNS, num_warps=4,
-    )  # fmt: skip
+    _rotate_queries(q, kt.rot_t, workspace.q_rot_f16, num_kv_heads, scale)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
-    k_asm = {4: _lut.k4_asm(k_off), 8: _lut.k8_asm(k_off), 9: _lut.K8U_ASM}[key_mode]
+    k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else _lut.K8U_ASM
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
     items = batch * num_kv_heads * splits
     split_tokens = step * -(-max_tokens // (splits * step))
