@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import codec
-from test_decode_tables import _prmt
+from ptx_emulation import run_ptx
 
 from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels._tables import decode_lut_table, f16_byte_lut, f16_pair_lut
@@ -15,65 +15,6 @@ from tiercache.kernels._tables import decode_lut_table, f16_byte_lut, f16_pair_l
 if not decode_module.HAVE_GLUON:
     pytest.skip("this Triton has no Gluon", allow_module_level=True)
 from tiercache.kernels import _decode_lut_kernel as lut
-
-
-def _lop3_eval(a: int, b: int, c: int, table: int) -> int:
-    out = 0
-    for bit in range(32):
-        sel = ((0xF0 if (a >> bit) & 1 else 0x0F) & (0xCC if (b >> bit) & 1 else 0x33)
-               & (0xAA if (c >> bit) & 1 else 0x55))  # fmt: skip
-        out |= (1 if table & sel else 0) << bit
-    return out
-
-
-def _f16x2(op, a: int, b: int) -> int:
-    x = np.array([a & 0xFFFF, a >> 16], dtype=np.uint16).view(np.float16)
-    y = np.array([b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
-    r = np.array(op(x, y), dtype=np.float16).view(np.uint16)
-    return int(r[0]) | (int(r[1]) << 16)
-
-
-def run_lane(asm: str, lane: int, regs: dict, shared: np.ndarray) -> dict:
-    """One lane's run of a straight-line PTX block; 16-bit outputs `{$i, $j}` land as 16-bit values."""
-    regs = dict(regs)
-
-    def val(token: str) -> int:
-        token = token.strip()
-        return regs[token] if token in regs else int(token, 0)
-
-    for ins in asm.strip("{} ").split(";"):
-        ins = ins.strip()
-        if not ins or ins.startswith(".reg"):
-            continue
-        op, rest = ins.split(None, 1)
-        if op == "mov.b32" and rest.startswith("{"):  # split a register into two 16-bit halves
-            halves, src = rest[1:].split("}")
-            lo, hi = (h.strip() for h in halves.split(","))
-            word = val(src.strip(", "))
-            regs[lo], regs[hi] = word & 0xFFFF, word >> 16
-            continue
-        dest, *srcs = (t.strip() for t in rest.split(","))
-        if op == "mov.u32" and srcs == ["%laneid"]:
-            regs[dest] = lane
-        elif op == "mov.u32" and srcs == ["global_smem"]:
-            regs[dest] = 0
-        elif op == "ld.shared.b32":
-            base, offset = srcs[0].strip("[]").split("+")
-            address = val(base) + int(offset, 0)
-            assert address % 4 == 0
-            regs[dest] = int(shared[address // 4])
-        else:
-            args = [val(s) for s in srcs]
-            regs[dest] = {
-                "mov.b32": lambda a: a,
-                "shl.b32": lambda a, b: a << b,
-                "shr.u32": lambda a, b: a >> b,
-                "add.u32": lambda a, b: a + b,
-                "prmt.b32": lambda a, b, c: _prmt(a, b, c & 0xFFFF),
-                "lop3.b32": _lop3_eval,
-                "sub.f16x2": lambda a, b: _f16x2(np.subtract, a, b),
-            }[op](*args) & 0xFFFFFFFF
-    return regs
 
 
 def shared_table(k_codec, v_codec, key_mode: int) -> tuple[np.ndarray, int, int]:
@@ -98,7 +39,7 @@ def test_k4_lookup_gives_both_nibbles_centroids(same_codebook):
     asm = lut.k4_asm(k_off)
     for i, word in enumerate(WORDS):
         lane = i % 32
-        regs = run_lane(asm, lane, {"$8": word, "$9": 0}, shared)
+        regs = run_ptx(asm, {"$8": word, "$9": 0}, lane, shared)
         for b in range(4):
             byte = (word >> (8 * b)) & 0xFF
             assert (regs[f"${2 * b}"], regs[f"${2 * b + 1}"]) == (cb[byte & 15], cb[byte >> 4])
@@ -112,7 +53,7 @@ def test_v4_lookup_pairs_two_tokens_of_one_coordinate():
     rng = random.Random(1)
     for i, wa in enumerate(WORDS):
         wb, lane = rng.getrandbits(32), i % 32
-        regs = run_lane(asm, lane, {"$16": wa, "$17": wb, "$18": 0}, shared)
+        regs = run_ptx(asm, {"$16": wa, "$17": wb, "$18": 0}, lane, shared)
         for n in range(8):  # nibble n of the word = coordinate n, for token 2t (wa) and 2t+1 (wb)
             want = (cb[(wa >> (4 * n)) & 15], cb[(wb >> (4 * n)) & 15])
             assert (regs[f"${2 * n}"], regs[f"${2 * n + 1}"]) == want
@@ -124,9 +65,9 @@ def test_k8_lookup_and_uniform_keys():
     assert k_off == 128
     cb = f16_bits(kc.codebook)
     for i, word in enumerate(WORDS):
-        regs = run_lane(lut.k8_asm(k_off), i % 32, {"$4": word, "$5": 0}, shared)
+        regs = run_ptx(lut.k8_asm(k_off), {"$4": word, "$5": 0}, i % 32, shared)
         assert [regs[f"${b}"] for b in range(4)] == [cb[(word >> (8 * b)) & 0xFF] for b in range(4)]
-        regs = run_lane(lut.K8U_ASM, i % 32, {"$4": word, "$5": 0}, shared)
+        regs = run_ptx(lut.K8U_ASM, {"$4": word, "$5": 0}, i % 32, shared)
         got = np.array([regs[f"${b}"] for b in range(4)], dtype=np.uint16).view(np.float16)
         assert [float(x) for x in got] == [((word >> (8 * b)) & 0xFF) - 128 for b in range(4)]
 

@@ -6,39 +6,9 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import codec
+from ptx_emulation import run_ptx
 
 from tiercache.kernels._tables import UNIFORM8_ASM, prmt_fields_asm, uniform_step
-
-
-def _prmt(a: int, b: int, selector: int) -> int:
-    """PTX prmt.b32 (default mode, selectors 0–7): byte j of the result is byte selector[j] of {b, a}."""
-    source, out = (b << 32) | a, 0
-    for j in range(4):
-        pick = (selector >> (4 * j)) & 0xF
-        assert pick < 8, "a selector with bit 3 set would replicate a sign"
-        out |= ((source >> (8 * pick)) & 0xFF) << (8 * j)
-    return out
-
-
-_INTEGER_OPS = {
-    "and.b32": lambda a, b: a & b,
-    "or.b32": lambda a, b: a | b,
-    "shr.u32": lambda a, b: a >> b,
-    "mov.b32": lambda a: a,
-    "prmt.b32": lambda a, b, c: _prmt(a, b, c & 0xFFFF),
-}
-
-
-def _run_ptx(asm: str, regs: dict[str, int], ops: dict = _INTEGER_OPS) -> dict[str, int]:
-    """Runs a straight-line PTX block on 32-bit register values (immediates in hex or decimal)."""
-    for ins in asm.strip("{} ").split(";"):
-        ins = ins.strip()
-        if not ins or ins.startswith(".reg"):
-            continue
-        op, rest = ins.split(None, 1)
-        dest, *srcs = (t.strip() for t in rest.split(","))
-        regs[dest] = ops[op](*(regs[x] if x in regs else int(x, 0) for x in srcs)) & 0xFFFFFFFF
-    return regs
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -48,7 +18,7 @@ def test_prmt_fields_asm_matches_the_codebook(head_dim):
     bf16 = [p & 0xFFFF for p in c.codebook.to(torch.bfloat16).view(torch.int16).tolist()]
     rng = random.Random(0)
     for word in [0, 0xFFFFFFFF, 0x76543210, 0xFEDCBA98] + [rng.getrandbits(32) for _ in range(500)]:
-        regs = _run_ptx(asm, {"$4": word})
+        regs = run_ptx(asm, {"$4": word})
         for e in range(4):  # element e of the pack: byte e; outputs hold two bf16 per register
             byte = (word >> (8 * e)) & 0xFF
             low = (regs["$0" if e < 2 else "$1"] >> (16 * (e % 2))) & 0xFFFF
@@ -56,17 +26,10 @@ def test_prmt_fields_asm_matches_the_codebook(head_dim):
             assert (low, high) == (bf16[byte & 15], bf16[byte >> 4])
 
 
-def _f16x2_sub(a: int, b: int) -> int:
-    halves = np.array([a & 0xFFFF, a >> 16, b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
-    diff = np.array([halves[0] - halves[2], halves[1] - halves[3]], dtype=np.float16).view(np.uint16)
-    return int(diff[0]) | (int(diff[1]) << 16)
-
-
 def test_uniform8_asm_gives_the_centred_indices_exactly():
-    ops = {**_INTEGER_OPS, "sub.f16x2": _f16x2_sub}
     rng = random.Random(1)
     for word in [0, 0xFFFFFFFF, 0x03020100, 0x80FF7F01] + [rng.getrandbits(32) for _ in range(500)]:
-        regs = _run_ptx(UNIFORM8_ASM, {"$2": word}, ops)
+        regs = run_ptx(UNIFORM8_ASM, {"$2": word})
         halves = np.array([regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16],
                           dtype=np.uint16).view(np.float16)  # fmt: skip
         assert [float(h) for h in halves] == [((word >> (8 * e)) & 0xFF) - 128 for e in range(4)]

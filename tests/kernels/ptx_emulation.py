@@ -1,0 +1,76 @@
+"""A PTX emulator for the kernels' inline assembly (which only a GPU runs): straight-line blocks of the
+integer, float16x2 and shared-memory instructions they use, run for one lane on 32-bit register values."""
+
+import numpy as np
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode, selectors 0–7): byte j of the result is byte selector[j] of {b, a}."""
+    source, out = (b << 32) | a, 0
+    for j in range(4):
+        pick = (selector >> (4 * j)) & 0xF
+        assert pick < 8, "a selector with bit 3 set would replicate a sign"
+        out |= ((source >> (8 * pick)) & 0xFF) << (8 * j)
+    return out
+
+
+def _lop3_eval(a: int, b: int, c: int, table: int) -> int:
+    out = 0
+    for bit in range(32):
+        sel = ((0xF0 if (a >> bit) & 1 else 0x0F) & (0xCC if (b >> bit) & 1 else 0x33)
+               & (0xAA if (c >> bit) & 1 else 0x55))  # fmt: skip
+        out |= (1 if table & sel else 0) << bit
+    return out
+
+
+def _f16x2(op, a: int, b: int) -> int:
+    x = np.array([a & 0xFFFF, a >> 16], dtype=np.uint16).view(np.float16)
+    y = np.array([b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
+    r = np.array(op(x, y), dtype=np.float16).view(np.uint16)
+    return int(r[0]) | (int(r[1]) << 16)
+
+
+def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None) -> dict:
+    """One lane's run of a straight-line PTX block (immediates in hex or decimal; `shared`: the shared
+    memory as 32-bit words at global_smem); 16-bit outputs `{$i, $j}` land as 16-bit values."""
+    regs = dict(regs)
+
+    def val(token: str) -> int:
+        token = token.strip()
+        return regs[token] if token in regs else int(token, 0)
+
+    for ins in asm.strip("{} ").split(";"):
+        ins = ins.strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, rest = ins.split(None, 1)
+        if op == "mov.b32" and rest.startswith("{"):  # split a register into two 16-bit halves
+            halves, src = rest[1:].split("}")
+            lo, hi = (h.strip() for h in halves.split(","))
+            word = val(src.strip(", "))
+            regs[lo], regs[hi] = word & 0xFFFF, word >> 16
+            continue
+        dest, *srcs = (t.strip() for t in rest.split(","))
+        if op == "mov.u32" and srcs == ["%laneid"]:
+            regs[dest] = lane
+        elif op == "mov.u32" and srcs == ["global_smem"]:
+            regs[dest] = 0
+        elif op == "ld.shared.b32":
+            base, offset = srcs[0].strip("[]").split("+")
+            address = val(base) + int(offset, 0)
+            assert address % 4 == 0
+            regs[dest] = int(shared[address // 4])
+        else:
+            args = [val(s) for s in srcs]
+            regs[dest] = {
+                "mov.b32": lambda a: a,
+                "and.b32": lambda a, b: a & b,
+                "or.b32": lambda a, b: a | b,
+                "shl.b32": lambda a, b: a << b,
+                "shr.u32": lambda a, b: a >> b,
+                "add.u32": lambda a, b: a + b,
+                "prmt.b32": lambda a, b, c: _prmt(a, b, c & 0xFFFF),
+                "lop3.b32": _lop3_eval,
+                "sub.f16x2": lambda a, b: _f16x2(np.subtract, a, b),
+            }[op](*args) & 0xFFFFFFFF
+    return regs
