@@ -133,12 +133,10 @@ def sweep_configs() -> list[dict]:
     base = dict(decode_module.CONFIG)
     variants = [
         {},
-        {"lut_prefetch": True},
-        {"lut_warps": 4, "lut_prefetch": True, "lut_maxnreg": 168, "lut_programs_per_sm": 3},
-        {"lut_warps": 4, "lut_prefetch": True, "lut_maxnreg": None},
-        {"lut_warps": 4, "lut_tile": 64, "lut_prefetch": True, "lut_maxnreg": None},
-        {"lut_warps": 16, "lut_maxnreg": 96, "lut_programs_per_sm": 1},
-        {"lut_warps": 16, "lut_prefetch": True, "lut_maxnreg": 128, "lut_programs_per_sm": 1},
+        {"lut_warps": 8, "lut_maxnreg": 128},
+        {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
+        {"lut_warps": 8, "lut_maxnreg": None, "lut_programs_per_sm": 1},
+        {"lut_warps": 16, "lut_maxnreg": 128, "lut_programs_per_sm": 1},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]
 

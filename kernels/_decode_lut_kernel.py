@@ -9,88 +9,39 @@ Per T-token tile (T = 32 or 64) and warp, in the transposed form (tokens and hea
 MMAs, the G ≤ 8 query heads of the kv head the N side):
     Sᵀ [T, 8]   = K̂ [T, 128] · Q̂ᵀ [128, 8]        K̂ straight from registers (dot operand A)
     Oᵀ [128, 8] += V̂ᵀ [128, T] · Pᵀ [T, 8]        V̂ᵀ from registers, Pᵀ by movmatrix from the Sᵀ accumulator
-Centroids come from one 256-entry table of float16 pairs, replicated for the 32 lanes in the 64 KiB of
-shared memory that is the kernel's only allocation: entry e, lane l at byte e·256 + l·4 (+128 for the
-second table), so one `prmt` forms the address from a packed byte and a lookup never has a bank conflict.
+Centroids come from one 256-entry table of float16 pairs, replicated for the 32 lanes in the first 64 KiB
+of shared memory: entry e, lane l at byte e·256 + l·4 (+128 for the second table), so one `prmt` forms the
+address from a packed byte and a lookup never has a bank conflict.
 4-bit: a byte's two nibbles → (c[lo], c[hi]). For values, two tokens' nibbles of the same coordinate are
 first paired into one byte, so an entry is the (token 2t, token 2t+1) pair operand A needs. 8-bit keys:
 one lookup per byte (Lloyd-Max, second table) or, for a symmetric uniform codebook, arithmetic (k − 128
 as float16, the step folded into the query).
-Each thread loads whole words of packed bytes; the coordinates a thread's words hold are relabelled (joins,
+The packed words of tile i + 1 are copied into shared memory (cp.async, in PTX the compiler does not see:
+each thread copies and reads back only its own pieces, so no barrier) while tile i is computed; the norms of
+tile i + 1 and the block ids of tile i + 2 are loaded then too. Block ids are loaded once per block piece
+and broadcast to the tokens (the piece index is a register dimension of every layout).
+Each thread holds whole words of packed bytes; the coordinates a thread's words hold are relabelled (joins,
 a permute and a reshape, checked trivial by the compiler) so that they are exactly its operand fragment.
 The query is loaded in the matching order and the partial output stored in natural rotated order, so the
 merge rotates back with Π.
-The inline PTX reads the table through `global_smem`, Triton's dynamic shared memory; the launcher checks
-that the compiled kernel uses exactly the table's 64 KiB (so the table sits at offset 0).
+The inline PTX addresses the table and the staging slots from `global_smem`, Triton's dynamic shared
+memory; the kernel's one allocation is that buffer, and the launcher checks before the first launch of a
+configuration that the compiled kernel uses exactly its size (so it sits at offset 0).
 """
 
 from __future__ import annotations
-
-import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-LUT_BYTES = 256 * 256  # shared memory: 256 entries × 256 bytes
+from ._decode_lut_ptx import K8U_ASM, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
+from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
 
+LUT_BYTES = gl.constexpr(_LUT_BYTES)
+__all__ = ["K8U_ASM", "LUT_BYTES", "PT_ASM", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm"]
 
-def _lane_prologue() -> list[str]:
-    return [".reg .b32 l, s, a, x;", "mov.u32 l, %laneid;", "shl.b32 l, l, 2;", "mov.u32 s, global_smem;"]
-
-
-def _lookup(byte_reg: str, k: int, offset: int, dst: str) -> list[str]:
-    """dst ← table word of byte k of `byte_reg`, for this lane."""
-    return [
-        f"prmt.b32 a, {byte_reg}, l, 0x55{k}4;",
-        "add.u32 a, a, s;",
-        f"ld.shared.b32 {dst}, [a+{offset}];",
-    ]
-
-
-@functools.cache
-def k4_asm(offset: int) -> str:
-    """One word of 4-bit key indices ($8; $9: the table probe, unused) → float16 centroids $0 … $7, output
-    2b + n holding nibble n of byte b."""
-    lines = ["{", *_lane_prologue()]
-    for b in range(4):
-        lines += [*_lookup("$8", b, offset, "x"), f"mov.b32 {{${2 * b}, ${2 * b + 1}}}, x;"]
-    return " ".join([*lines, "}"])
-
-
-@functools.cache
-def v4_asm(offset: int) -> str:
-    """The same word of 4-bit value indices of tokens 2t ($16) and 2t+1 ($17) → 16 float16 centroids,
-    output 2n + j holding nibble n (0 … 7) of token 2t + j. Nibbles are paired across the two tokens
-    (lop3: (a & 0x0f…) | (b & 0xf0…)) so one lookup yields the pair."""
-    lines = ["{", *_lane_prologue(), ".reg .b32 lo, hi, t;", "shl.b32 t, $17, 4;",
-             "lop3.b32 lo, $16, t, 0x0f0f0f0f, 0xE4;", "shr.u32 t, $16, 4;",
-             "lop3.b32 hi, t, $17, 0x0f0f0f0f, 0xE4;"]  # fmt: skip
-    for b in range(4):
-        for h, reg in enumerate(("lo", "hi")):
-            n = 2 * b + h
-            lines += [*_lookup(reg, b, offset, "x"), f"mov.b32 {{${2 * n}, ${2 * n + 1}}}, x;"]
-    return " ".join([*lines, "}"])
-
-
-@functools.cache
-def k8_asm(offset: int) -> str:
-    """One word of 8-bit key indices ($4; $5 unused) → float16 centroids $0 … $3 (one per byte), from the
-    table's low halves."""
-    lines = ["{", *_lane_prologue(), ".reg .b16 z;"]
-    for b in range(4):
-        lines += [*_lookup("$4", b, offset, "x"), f"mov.b32 {{${b}, z}}, x;"]
-    return " ".join([*lines, "}"])
-
-
-# One word of 8-bit indices k ($4; $5 unused) → k − 128 as float16 ($0 … $3), exactly: `prmt` writes each
-# byte under the float16 exponent of 1024 (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it.
-K8U_ASM = " ".join([
-    "{", ".reg .b32 m, c, h0, h1;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
-    "prmt.b32 h0, $4, m, 0x4140;", "prmt.b32 h1, $4, m, 0x4342;", "sub.f16x2 h0, h0, c;",
-    "sub.f16x2 h1, h1, c;", "mov.b32 {$0, $1}, h0;", "mov.b32 {$2, $3}, h1;", "}",
-])  # fmt: skip
 
 # Probabilities of heads 2t ($2) and 2t+1 ($3) of token row g of an 8×8 block → the float16 Pᵀ fragment
 # ($0: token 2t, head g; $1: token 2t+1, head g): pack, then transpose the 8×8 block across the warp.
@@ -101,13 +52,22 @@ PT_ASM = gl.constexpr(" ".join([
 
 
 @constexpr_function
-def _value_layout(W, T):
-    """Value words [W, T, 16]: thread (g, t) holds words 2g, 2g+1 of tokens 2t, 2t+1 (+8i)."""
+def _value_piece_layout(W, T):
+    """Value pieces [W, T, 8] (words 2c, 2c+1): thread (g, t) holds piece g of tokens 2t, 2t+1 (+8i); joined
+    with the piece's two words, thread (g, t) holds words 2g, 2g+1 of those tokens (operand A's pairs)."""
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 1, 0]] + [[0, 8 << i, 0] for i in range(T.bit_length() - 4)],
-        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 2], [0, 0, 4], [0, 0, 8]],
-        warp_bases=[[1 << i, 0, 0] for i in range(W.bit_length() - 1)], block_bases=[], shape=[W, T, 16],
+        reg_bases=[[0, 1, 0]] + [[0, 8 << i, 0] for i in range(T.bit_length() - 4)],
+        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
+        warp_bases=[[1 << i, 0, 0] for i in range(W.bit_length() - 1)], block_bases=[], shape=[W, T, 8],
     )  # fmt: skip
+
+
+@constexpr_function
+def _constraints(outputs, inputs, pack):
+    """Operand constraints of a packed asm call: each output, then each input, `pack` times in a row."""
+    return ",".join(
+        [f"={c}" for c in outputs for _ in range(pack)] + [c for c in inputs for _ in range(pack)]
+    )
 
 
 @gluon.jit
@@ -199,37 +159,74 @@ def _p_operand(p, W: gl.constexpr, T: gl.constexpr):
 
 
 @gluon.jit
-def _blocks(tok, end, bt_row, sbt_m, max_blocks, BS_SHIFT: gl.constexpr):
-    """Tokens (≥ 0) → (valid, block id); tokens past `end` get block 0 (read, then weighted 0)."""
-    valid = tok < end
-    block = gl.load(bt_row + gl.minimum(tok >> BS_SHIFT, max_blocks - 1) * sbt_m)
-    return valid, gl.where(valid, block, 0)
+def _tile_blocks(t0, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT: gl.constexpr):
+    """Block ids [W, NBT] of the tile's block pieces starting at tokens t0 + b_tok (0 at or past `end`)."""
+    t = t0 + b_tok
+    return gl.load(bt_row + gl.minimum(t >> BS_SHIFT, max_blocks - 1) * sbt_m, mask=t < end, other=0)
 
 
 @gluon.jit
-def _load_tile(
-    t0, end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
-    kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
-    kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
-    BLOCK_SIZE: gl.constexpr, BS_SHIFT: gl.constexpr, SCORE_ROWS: gl.constexpr,
+def _per_token(bid, tok, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr):
+    """Block id of each token of `tok` [W, T] (its layout), from the pieces' ids `bid` [W, NBT]: the piece
+    index is a register dimension of every layout here, so this is a broadcast, not a gather."""
+    tok3 = gl.reshape(tok, [W, NBT, T // NBT])
+    bid3 = gl.convert_layout(bid, gl.SliceLayout(2, tok3.type.layout), assert_trivial=True)
+    per_token = gl.reshape(gl.broadcast(bid3[:, :, None], tok3)[0], [W, T])
+    return gl.convert_layout(per_token, tok.type.layout, assert_trivial=True)
+
+
+@gluon.jit
+def _stage_tile(
+    t0, end, h, bid, k_tok, k_word, v_tok, v_word, kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
+    BLOCK_SIZE: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
+    K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
-    """The packed words of a tile's keys [W, T, KW] and values [W, T, 16] and, in the score rows' layout,
-    its key and value norms and token validity [W, T] (norms of tokens past `end` are unread garbage)."""
+    """Start copying a tile's packed key words (16-byte pieces [W, T, KW/4], KPT per thread) and value
+    words (8-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit group.
+    Tokens at or past `end` are skipped (their slots keep stale bytes, which are valid indices; their
+    scores are masked)."""
     k_t = t0 + k_tok
-    kv, kb = _blocks(k_t, end, bt_row, sbt_m, max_blocks, BS_SHIFT)
-    ko = k_t & (BLOCK_SIZE - 1)
-    kwords = gl.load(kp_ptr + (kb * skp_b + ko * skp_o + h * skp_h)[:, :, None] + kw_c[None, None, :])
+    k_rows = _per_token(bid, k_tok, W, T, NBT) * skp_b + (k_t & (BLOCK_SIZE - 1)) * skp_o + h * skp_h
+    k_addr = (kp_ptr + k_rows[:, :, None] + k_word).to(gl.int64)
+    k_copy = gl.broadcast((k_t < end).to(gl.int32)[:, :, None], k_addr)[0]
+    gl.inline_asm_elementwise(K_STAGE, _constraints("r", "lr", KPT), [k_addr, k_copy], gl.int32, False, KPT)
     v_t = t0 + v_tok
-    _, vb = _blocks(v_t, end, bt_row, sbt_m, max_blocks, BS_SHIFT)
-    v_rows = vb * svp_b + (v_t & (BLOCK_SIZE - 1)) * svp_o + h * svp_h
-    vwords = gl.load(vp_ptr + v_rows[:, :, None] + vw_c[None, None, :])
-    # the score rows hold the same tokens as the key rows
-    sv = gl.convert_layout(kv, SCORE_ROWS, assert_trivial=True)
-    sb = gl.convert_layout(kb, SCORE_ROWS, assert_trivial=True)
-    so = gl.convert_layout(ko, SCORE_ROWS, assert_trivial=True)
-    kn = gl.load(kn_ptr + sb * skn_b + so * skn_o + h * skn_h)
-    vn = gl.load(vn_ptr + sb * svn_b + so * svn_o + h * svn_h)
-    return kwords, vwords, kn, vn, sv
+    v_rows = _per_token(bid, v_tok, W, T, NBT) * svp_b + (v_t & (BLOCK_SIZE - 1)) * svp_o + h * svp_h
+    v_addr = (vp_ptr + v_rows[:, :, None] + v_word).to(gl.int64)
+    v_copy = gl.broadcast((v_t < end).to(gl.int32)[:, :, None], v_addr)[0]
+    gl.inline_asm_elementwise(
+        V_STAGE, _constraints("r", "lr", T // 4), [v_addr, v_copy], gl.int32, False, T // 4
+    )
+
+
+@gluon.jit
+def _unstage_tile(
+    k_any, v_any, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr,
+    K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
+):  # fmt: skip
+    """Wait for this thread's copies, then read them back: key words [W, T, KW], value words [W, T, 16]
+    (k_any, v_any: any int32 tensors shaped and laid out as the key and value pieces)."""
+    k_cons: gl.constexpr = _constraints("rrrr", "r", KPT)
+    k0, k1, k2, k3 = gl.inline_asm_elementwise(K_UNSTAGE, k_cons, [k_any], (gl.int32,) * 4, False, KPT)
+    v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
+    v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_any], (gl.int32,) * 2, False, T // 4)
+    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), gl.reshape(gl.join(v0, v1), [W, T, 16])
+
+
+@gluon.jit
+def _tile_norms(
+    t0, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
+    BLOCK_SIZE: gl.constexpr, SCORE_ROWS: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
+):  # fmt: skip
+    """A tile's key and value norms and token validity [W, T] in the score rows' layout (the score rows hold
+    the key rows' tokens); norms of tokens at or past `end` read as 0."""
+    t = gl.convert_layout(t0 + k_tok, SCORE_ROWS, assert_trivial=True)
+    block = gl.convert_layout(_per_token(bid, k_tok, W, T, NBT), SCORE_ROWS, assert_trivial=True)
+    valid = t < end
+    offset = t & (BLOCK_SIZE - 1)
+    kn = gl.load(kn_ptr + block * skn_b + offset * skn_o + h * skn_h, mask=valid, other=0.0)
+    vn = gl.load(vn_ptr + block * svn_b + offset * svn_o + h * svn_h, mask=valid, other=0.0)
+    return kn, vn, valid
 
 
 @gluon.jit
@@ -244,7 +241,7 @@ def _decode_lut_kernel(
     BLOCK_SIZE: gl.constexpr, BS_SHIFT: gl.constexpr,
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
-    PREFETCH: gl.constexpr,  # load tile i+1 during tile i
+    K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
@@ -253,35 +250,52 @@ def _decode_lut_kernel(
     )
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    # key words: thread (g, t) holds tokens g + 8i and words [t·KW/4, (t+1)·KW/4)
-    KL: gl.constexpr = gl.BlockedLayout([1, 1, KW // 4], [1, 8, 4], [W, 1, 1], [2, 1, 0])
-    VL: gl.constexpr = _value_layout(W, T)
-    TL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 1, 4], [W, 1, 1], [2, 1, 0])  # table fill [256, 2, 32]
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    STEP: gl.constexpr = W * T
+    KP: gl.constexpr = KW // 16  # 16-byte key pieces per thread and token
+    KPT: gl.constexpr = KP * (T // 8)  # ... per thread
+    # staged pieces: keys [W, T, KW/4], thread (g, t) holding MMA rows (tokens) g + 8i and pieces KP·t …;
+    # values [W, T, 8] (two words each), thread (g, t) holding tokens 2t, 2t+1 (+8i) and piece g
+    KC: gl.constexpr = gl.BlockedLayout([1, 1, KP], [1, 8, 4], [W, 1, 1], [2, 1, 0])
+    VC: gl.constexpr = _value_piece_layout(W, T)
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])  # table fill [64, 32]
     SCORE_ROWS: gl.constexpr = gl.SliceLayout(2, MMA)
 
-    # the table: entry e, lane l → word e·64 + 32·table + l
-    te = gl.arange(0, 256, layout=gl.SliceLayout(1, gl.SliceLayout(2, TL)))
-    tt = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, TL)))
-    entries = gl.load(lut_ptr + te[:, None] * 2 + tt[None, :])
-    lut = gl.allocate_shared_memory(
+    # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
+    # offset 0, then the staging slots, which only the staging PTX touches.
+    gl.static_assert((LUT_BYTES + STEP * (KW + 16) * 4) % 8192 == 0)
+    buf = gl.allocate_shared_memory(
         gl.int32,
-        [256, 2, 32],
-        SL,
-        gl.broadcast(gl.expand_dims(entries, 2), gl.full([256, 2, 32], 0, gl.int32, TL))[0],
+        [(LUT_BYTES + STEP * (KW + 16) * 4) // 8192, 64, 32],
+        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
     )
-    # read back after the fill's barrier: every lookup takes it as an operand, so none runs before
-    probe = gl.max(gl.max(gl.max(lut.slice(0, 1, 0).load(TL), axis=2), axis=1), axis=0)
+    fr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
+    for c in gl.static_range(LUT_BYTES // 8192):
+        row = c * 64 + fr  # rows of 32 words: entry row >> 1, table row & 1
+        entries = gl.load(lut_ptr + (row >> 1) * 2 + (row & 1))
+        buf.index(c).store(gl.broadcast(entries[:, None], gl.full([64, 32], 0, gl.int32, FL))[0])
+    # read back after the fill's barrier: every lookup takes it as an operand, so none runs before (a
+    # one-row slice that each warp reads whole: no cross-warp reduction)
+    probe = gl.max(gl.max(buf.index(0).slice(0, 1).load(FL), axis=1), axis=0)
 
-    # index vectors, one per layout
-    kw_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))
-    kw_i = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))
-    kw_c = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))
-    k_tok = kw_w[:, None] * T + kw_i[None, :]  # [W, 64]
-    vw_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-    vw_i = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, VL)))
-    vw_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, VL)))
-    v_tok = vw_w[:, None] * T + vw_i[None, :]
+    # the pieces' token and word indices
+    kc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, KC)))
+    kc_m = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, KC)))
+    kc_c = gl.arange(0, KW // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, KC)))
+    k_tok = kc_w[:, None] * T + kc_m[None, :]  # [W, T]
+    k_word = 4 * kc_c[None, None, :]
+    k_any = gl.full([W, T, KW // 4], 0, gl.int32, KC)
+    vc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, VC)))
+    vc_t = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, VC)))
+    vc_c = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, VC)))
+    v_tok = vc_w[:, None] * T + vc_t[None, :]
+    v_word = 2 * vc_c[None, None, :]
+    v_any = gl.full([W, T, 8], 0, gl.int32, VC)
+    # a warp's T tokens lie in NBT block pieces (first tokens b_tok)
+    NBT: gl.constexpr = T // BLOCK_SIZE if BLOCK_SIZE < T else 1
+    BL: gl.constexpr = gl.SliceLayout(2, gl.reshape(k_tok, [W, NBT, T // NBT]).type.layout)
+    bl_w = gl.arange(0, W, layout=gl.SliceLayout(1, BL))
+    bl_n = gl.arange(0, NBT, layout=gl.SliceLayout(0, BL))
+    b_tok = bl_w[:, None] * T + bl_n[None, :] * (T // NBT)  # [W, NBT]
     qb_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, OPB)))
     qb_d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, OPB)))
     qb_n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, OPB)))
@@ -312,22 +326,32 @@ def _decode_lut_kernel(
         m_i = gl.full([W, 8], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
         l_i = gl.zeros([W, 8], gl.float32, gl.SliceLayout(1, MMA))
         acc = gl.zeros([W, D, 8], gl.float32, MMA)
-        if PREFETCH:
-            kwords, vwords, kn, vn, sv = _load_tile(
-                start, end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
-                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
-                kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h, BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
+        # the pipeline: tile i's words are copied into the staging slots and its norms loaded during tile
+        # i − 1, and the block ids of tile i + 1 during tile i − 1 too
+        bid = _tile_blocks(start, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+        _stage_tile(
+            start, end, h, bid, k_tok, k_word, v_tok, v_word,
+            kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
+            K_STAGE, V_STAGE, KPT,
+        )  # fmt: skip
+        kn, vn, sv = _tile_norms(
+            start, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
+            BLOCK_SIZE, SCORE_ROWS, W, T, NBT,
+        )  # fmt: skip
+        bid = _tile_blocks(start + STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+        for t0 in range(start, end, STEP):
+            kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT)
+            _stage_tile(
+                t0 + STEP, end, h, bid, k_tok, k_word, v_tok, v_word,
+                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
+                K_STAGE, V_STAGE, KPT,
             )  # fmt: skip
-        for t0 in range(start, end, W * T):
-            # this tile's loads, or with PREFETCH the next tile's, in flight while this one is computed
-            loaded = _load_tile(
-                t0 + PREFETCH * (W * T), end, h, bt_row, sbt_m, max_blocks, k_tok, kw_c, v_tok, vw_c,
-                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
-                kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
-                BLOCK_SIZE, BS_SHIFT, SCORE_ROWS,
+            kn_next, vn_next, sv_next = _tile_norms(
+                t0 + STEP, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
+                BLOCK_SIZE, SCORE_ROWS, W, T, NBT,
             )  # fmt: skip
-            if not PREFETCH:
-                kwords, vwords, kn, vn, sv = loaded
+            bid = _tile_blocks(t0 + 2 * STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+
             k_op = gl.convert_layout(_k_operand(kwords, probe, W, T, K_MODE, K_ASM), OPA, assert_trivial=True)
             qk = mma_v2(k_op, q, gl.zeros([W, T, 8], gl.float32, MMA))
             if K_MODE == 9:
@@ -338,13 +362,12 @@ def _decode_lut_kernel(
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(qk - gl.expand_dims(m_use, 1))
             l_i = l_i * alpha + gl.sum(p, axis=1)
-            pw = gl.where(gl.expand_dims(sv, 2), p * gl.expand_dims(vn, 2), 0.0)  # unread norms may be NaN
+            pw = gl.where(gl.expand_dims(sv, 2), p * gl.expand_dims(vn, 2), 0.0)
             p_op = gl.convert_layout(_p_operand(pw, W, T), OPB, assert_trivial=True)
             v_op = gl.convert_layout(_v_operand(vwords, probe, W, T, V_ASM), OPA, assert_trivial=True)
             acc = mma_v2(v_op, p_op, acc * gl.expand_dims(alpha, 1))
             m_i = m_new
-            if PREFETCH:
-                kwords, vwords, kn, vn, sv = loaded
+            kn, vn, sv = kn_next, vn_next, sv_next
 
         has = l_i > 0
         inv = 1.0 / gl.where(has, l_i, 1.0)

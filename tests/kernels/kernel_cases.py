@@ -49,3 +49,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double().cpu(), ref.double().cpu()
     assert not torch.isnan(out).any(), "output has unwritten (NaN-poisoned) elements"
     return float((out - ref).norm() / ref.norm())
+
+
+def near_boundary(x: torch.Tensor, c: TurboQuantCodec) -> torch.Tensor:
+    """Coordinates whose rotated value lies within 1e-6 of a codebook boundary (float64, on x's device):
+    the only ones whose encoded index may differ between implementations."""
+    x64 = x.double()
+    u = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    y = u @ c.rotation.to(x.device, torch.float64).t()
+    return (y.unsqueeze(-1) - c.boundaries.to(x.device, torch.float64)).abs().min(-1).values < 1e-6

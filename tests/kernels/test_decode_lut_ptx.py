@@ -2,6 +2,7 @@
 the shared-memory table lookups against the codebooks, the uniform 8-bit keys, and the Pᵀ packing."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -9,10 +10,10 @@ import torch
 from kernel_cases import codec
 from ptx_emulation import run_ptx
 
-from tiercache.kernels import decode_attention as decode_module
+from tiercache.kernels import decode_lut
 from tiercache.kernels._tables import decode_lut_table, f16_byte_lut, f16_pair_lut
 
-if not decode_module.HAVE_GLUON:
+if not decode_lut.HAVE_GLUON:
     pytest.skip("this Triton has no Gluon", allow_module_level=True)
 from tiercache.kernels import _decode_lut_kernel as lut
 
@@ -101,3 +102,37 @@ def test_pt_fragment_is_the_transposed_block():
         halves = [(packed[4 * (2 * t + c) + g // 2] >> (16 * (g % 2))) & 0xFFFF for c in range(2)]
         got = np.array(halves, dtype=np.uint16).view(np.float16)
         assert list(got) == [np.float16(scores[2 * t + c, g]) for c in range(2)]
+
+
+def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
+    """(warp, lane, piece) → shared byte offset of that piece's slot, read off a staging PTX string."""
+    warp_bytes = int(re.search(r"mul\.lo\.u32 w, w, (\d+);", asm).group(1))
+    size = int(re.search(r"mad\.lo\.u32 b, b, (\d+), w;", asm).group(1))
+    start = int(re.search(r"add\.u32 b, b, (\d+);", asm).group(1))
+    offsets = [int(x) for x in re.findall(r"\[b\+(\d+)\]", asm)]
+    return {
+        (w, lane, p): start + w * warp_bytes + lane * size + off
+        for w in range(warps)
+        for lane in range(32)
+        for p, off in enumerate(offsets)
+    }
+
+
+@pytest.mark.parametrize("tile,key_mode,warps", [(32, 4, 4), (32, 8, 8), (64, 4, 4), (64, 9, 8)])
+def test_staging_slots_fit_and_never_overlap(tile, key_mode, warps):
+    """Each piece of every thread has its own slot past the table and inside the kernel's shared memory; the
+    copy and the read of a piece use the same slots; a warp's 32 lanes of one piece are contiguous."""
+    k_stage, v_stage, k_unstage, v_unstage = lut.staging_asm(tile, key_mode)
+    assert staging_slots(k_stage, warps) == staging_slots(k_unstage, warps)
+    assert staging_slots(v_stage, warps) == staging_slots(v_unstage, warps)
+    pieces = [(staging_slots(k_stage, warps), 16), (staging_slots(v_stage, warps), 8)]
+    assert len(pieces[0][0]) == warps * 32 * tile // 8 * (1 if key_mode == 4 else 2)
+    assert len(pieces[1][0]) == warps * 32 * tile // 4
+    covered = np.zeros(lut.shared_bytes(warps, tile, key_mode), dtype=np.int64)
+    for slots, size in pieces:
+        for (w, lane, p), start in slots.items():
+            assert start % size == 0 and start >= lut.LUT_BYTES.value
+            covered[start : start + size] += 1
+            if lane:
+                assert start == slots[(w, lane - 1, p)] + size
+    assert (covered[lut.LUT_BYTES.value :] == 1).all()  # the staging fills its part exactly once

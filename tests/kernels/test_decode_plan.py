@@ -1,6 +1,6 @@
 """Split planning of the decode kernel: waves × (tiles per program + overhead), fewest splits on ties."""
 
-from tiercache.kernels.decode_attention import _plan_splits
+from tiercache.kernels._decode_launch import plan_splits as _plan_splits
 
 
 def test_too_few_programs_for_a_wave_gives_every_tile_a_program():

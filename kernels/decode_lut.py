@@ -1,0 +1,133 @@
+"""The Gluon decode kernel's dispatch and launch (see _decode_lut_kernel.py): where it applies, its split
+planning, and one call (query rotation, the split kernel, the merge)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._backend import HAVE_TRITON, interpreting, num_sms
+from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries
+from ._tables import decode_lut_table, kernel_tables
+
+HAVE_GLUON = False
+if HAVE_TRITON:
+    try:  # Gluon is experimental: a Triton without it (or with another API) keeps the Triton kernels
+        from . import _decode_lut_kernel as _lut
+
+        HAVE_GLUON = True
+    except (ImportError, AttributeError):
+        pass
+
+
+def lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int) -> int:
+    """The Gluon kernel's key mode (4: 4-bit, 8: 8-bit Lloyd-Max, 9: 8-bit uniform) where it applies, else 0:
+    CUDA (sm_80+), 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys, G ≤ 8, a power-of-two block
+    size, and packed caches it can copy in 16-byte (keys) and 8-byte (values) pieces."""
+    if not (CONFIG["lut_kernel"] and HAVE_GLUON and query.is_cuda and not interpreting()):
+        return 0
+    if query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] != 128 or group > 8:
+        return 0
+    if v_codec.bits != 4 or k_codec.bits not in (4, 8) or block_size & (block_size - 1):
+        return 0
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if _capability(index) < (8, 0):
+        return 0
+    if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 8)):
+        return 0
+    if k_codec.bits == 4:
+        return 4
+    return 9 if kernel_tables(k_codec, query.device).uniform_step is not None else 8
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _aligned_words(packed: torch.Tensor, align: int) -> bool:
+    """Whether the kernel can copy `packed` in `align`-byte pieces of int32 words, with int32 offsets."""
+    if packed.stride(-1) != 1 or any(s % align for s in packed.stride()[:-1]) or packed.data_ptr() % align:
+        return False
+    extent = 1 + sum((n - 1) * s for n, s in zip(packed.shape, packed.stride(), strict=True))
+    return extent // 4 < 2**31
+
+
+def lut_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    step = CONFIG["lut_warps"] * CONFIG["lut_tile"]
+    capacity = CONFIG["lut_programs_per_sm"] * num_sms(device)
+    return plan_splits(
+        batch * num_kv_heads, -(-max_tokens // step), capacity, CONFIG["min_wave_fill"],
+        CONFIG["split_overhead_tiles"],
+    )  # fmt: skip
+
+
+def lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Partials per query head of the Gluon kernel (splits × its warps); 0 where it cannot run."""
+    if not (HAVE_GLUON and device.type == "cuda"):
+        return 0
+    return lut_splits(batch, num_kv_heads, max_tokens, device) * CONFIG["lut_warps"]
+
+
+def launch_lut(
+    query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec, scale,
+    workspace, out, key_mode,
+) -> torch.Tensor:  # fmt: skip
+    """Query rotation, the Gluon split kernel (partials in natural rotated order) and the merge."""
+    batch, num_q_heads, _ = query.shape
+    num_kv_heads, block_size = k_packed.shape[2], k_packed.shape[1]
+    group = num_q_heads // num_kv_heads
+    dev = query.device
+    kt, vt = kernel_tables(k_codec, dev), kernel_tables(v_codec, dev)
+    max_tokens = block_tables.shape[1] * block_size
+    splits = lut_splits(batch, num_kv_heads, max_tokens, dev)
+    warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
+    step = warps * tile
+    check_capacity(workspace, splits * warps)
+    q = query if query.stride(-1) == 1 else query.contiguous()
+    rotate_queries(q, kt.rot_t, workspace.q_rot_f16, num_kv_heads, scale)
+    table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
+    k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else _lut.K8U_ASM
+    kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
+    items = batch * num_kv_heads * splits
+    split_tokens = step * -(-max_tokens // (splits * step))
+    args = (
+        workspace.q_rot_f16, kw, *kw.stride()[:3], k_norms, *k_norms.stride(),
+        vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table,
+        block_tables, *block_tables.stride(), context_lens, workspace.partial_out, workspace.partial_lse,
+        num_kv_heads, num_q_heads, group, splits, workspace.capacity, split_tokens, items,
+        block_tables.shape[1], kt.uniform_step or 1.0,
+    )  # fmt: skip
+    stage = _lut.staging_asm(tile, key_mode)
+    constexprs = dict(
+        BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
+        V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
+        V_UNSTAGE=stage[3], num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+    )  # fmt: skip
+    grid = (min(items, CONFIG["lut_programs_per_sm"] * num_sms(dev)),)
+    _check_lut_compile(args, constexprs, grid, _lut.shared_bytes(warps, tile, key_mode))
+    LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
+    return merge(workspace, splits * warps, vt.rot, out)
+
+
+_LUT_CHECKED: set = set()
+
+
+def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int) -> None:
+    """Before the first launch of each configuration: compile it and check that its shared memory is exactly
+    the buffer its PTX addresses from offset 0 (the table and the staging slots), else raise."""
+    key = tuple(sorted((k, v) for k, v in constexprs.items() if not k.endswith("ASM") and "STAGE" not in k))
+    if key in _LUT_CHECKED:
+        return
+    kernel = _lut._decode_lut_kernel.warmup(*args, grid=grid, **constexprs)
+    if kernel.metadata.shared != expected_shared:
+        raise LutUnsupported(
+            f"_decode_lut_kernel compiled to {kernel.metadata.shared} bytes of shared memory, not only its "
+            f"{expected_shared}-byte buffer"
+        )
+    _LUT_CHECKED.add(key)
+
+
+class LutUnsupported(RuntimeError):
+    """The Gluon kernel compiled to something its inline PTX cannot rely on (its output is discarded)."""
