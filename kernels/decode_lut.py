@@ -106,7 +106,8 @@ def launch_lut(
         V_UNSTAGE=stage[3], num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
     )  # fmt: skip
     grid = (min(items, CONFIG["lut_programs_per_sm"] * num_sms(dev)),)
-    _check_lut_compile(args, constexprs, grid, _lut.shared_bytes(warps, tile, key_mode))
+    capability = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+    _check_lut_compile(args, constexprs, grid, _lut.shared_bytes(warps, tile, key_mode), capability)
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, splits * warps, vt.rot, out)
 
@@ -114,10 +115,11 @@ def launch_lut(
 _LUT_CHECKED: set = set()
 
 
-def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int) -> None:
+def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int, capability) -> None:
     """Before the first launch of each configuration: compile it and check that its shared memory is exactly
     the buffer its PTX addresses from offset 0 (the table and the staging slots), else raise."""
-    key = tuple(sorted((k, v) for k, v in constexprs.items() if not k.endswith("ASM") and "STAGE" not in k))
+    settings = sorted((k, v) for k, v in constexprs.items() if not k.endswith("ASM") and "STAGE" not in k)
+    key = (capability, *settings)
     if key in _LUT_CHECKED:
         return
     kernel = _lut._decode_lut_kernel.warmup(*args, grid=grid, **constexprs)
@@ -130,4 +132,4 @@ def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int) -> No
 
 
 class LutUnsupported(RuntimeError):
-    """The Gluon kernel compiled to something its inline PTX cannot rely on (its output is discarded)."""
+    """The Gluon kernel compiled to something its inline PTX cannot rely on (raised before any launch)."""
