@@ -62,6 +62,9 @@ def _value_piece_layout(W, T):
     )  # fmt: skip
 
 
+_shared_bytes = constexpr_function(shared_bytes)
+
+
 @constexpr_function
 def _constraints(outputs, inputs, pack):
     """Operand constraints of a packed asm call: each output, then each input, `pack` times in a row."""
@@ -182,21 +185,29 @@ def _stage_tile(
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
     """Start copying a tile's packed key words (16-byte pieces [W, T, KW/4], KPT per thread) and value
-    words (8-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit group.
-    Tokens at or past `end` are skipped (their slots keep stale bytes, which are valid indices; their
-    scores are masked)."""
-    k_t = t0 + k_tok
-    k_rows = _per_token(bid, k_tok, W, T, NBT) * skp_b + (k_t & (BLOCK_SIZE - 1)) * skp_o + h * skp_h
-    k_addr = (kp_ptr + k_rows[:, :, None] + k_word).to(gl.int64)
-    k_copy = gl.broadcast((k_t < end).to(gl.int32)[:, :, None], k_addr)[0]
-    gl.inline_asm_elementwise(K_STAGE, _constraints("r", "lr", KPT), [k_addr, k_copy], gl.int32, False, KPT)
-    v_t = t0 + v_tok
-    v_rows = _per_token(bid, v_tok, W, T, NBT) * svp_b + (v_t & (BLOCK_SIZE - 1)) * svp_o + h * svp_h
-    v_addr = (vp_ptr + v_rows[:, :, None] + v_word).to(gl.int64)
-    v_copy = gl.broadcast((v_t < end).to(gl.int32)[:, :, None], v_addr)[0]
-    gl.inline_asm_elementwise(
-        V_STAGE, _constraints("r", "lr", T // 4), [v_addr, v_copy], gl.int32, False, T // 4
+    words (8-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit group."""
+    _stage_pieces(
+        t0, end, h, bid, k_tok, k_word, kp_ptr, skp_b, skp_o, skp_h, BLOCK_SIZE, W, T, NBT, K_STAGE, KPT
     )
+    _stage_pieces(
+        t0, end, h, bid, v_tok, v_word, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT, V_STAGE, T // 4
+    )
+
+
+@gluon.jit
+def _stage_pieces(
+    t0, end, h, bid, tok, word, ptr, s_b, s_o, s_h,
+    BLOCK_SIZE: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
+    STAGE: gl.constexpr, PIECES: gl.constexpr,
+):  # fmt: skip
+    """One cache's pieces of a tile (tokens t0 + tok [W, T], word offsets `word`), PIECES per thread, by the
+    staging PTX STAGE. Tokens at or past `end` are skipped (their slots keep stale bytes, which are valid
+    indices; their scores are masked)."""
+    t = t0 + tok
+    rows = _per_token(bid, tok, W, T, NBT) * s_b + (t & (BLOCK_SIZE - 1)) * s_o + h * s_h
+    addr = (ptr + rows[:, :, None] + word).to(gl.int64)
+    copy = gl.broadcast((t < end).to(gl.int32)[:, :, None], addr)[0]
+    gl.inline_asm_elementwise(STAGE, _constraints("r", "lr", PIECES), [addr, copy], gl.int32, False, PIECES)
 
 
 @gluon.jit
@@ -262,10 +273,11 @@ def _decode_lut_kernel(
 
     # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
     # offset 0, then the staging slots, which only the staging PTX touches.
-    gl.static_assert((LUT_BYTES + STEP * (KW + 16) * 4) % 8192 == 0)
+    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE)
+    gl.static_assert(SMEM % 8192 == 0)
     buf = gl.allocate_shared_memory(
         gl.int32,
-        [(LUT_BYTES + STEP * (KW + 16) * 4) // 8192, 64, 32],
+        [SMEM // 8192, 64, 32],
         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
     )
     fr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
