@@ -38,7 +38,9 @@ CONFIG = {
     "lut_warps": 4,  # its warps per program (a power of two)
     "lut_tile": 32,  # its tokens per warp and step (32 or 64)
     "lut_maxnreg": 168,  # its register cap per thread
-    "lut_programs_per_sm": 2,  # its programs per SM (shared memory: 64 KiB + warps · tile · 128 or 192 bytes)
+    "lut_min_wave_fill": 0.9,  # its split planning's `min_wave_fill` (H200, K4V4 16×4K: 57 µs, 62 at 1.0)
+    "lut_programs_per_sm": None,  # its programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm:
+    # 2 on an H200, shared memory 64 KiB + warps · tile · 128 or 192 bytes)
 }
 LOG2E = 1.4426950408889634
 _ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)

@@ -36,11 +36,13 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ._decode_lut_ptx import K8U_ASM, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
+from ._decode_lut_ptx import K8U_ASM, fill_asm, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
 
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
-__all__ = ["K8U_ASM", "LUT_BYTES", "PT_ASM", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm"]
+__all__ = [
+    "K8U_ASM", "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm",
+]  # fmt: skip
 
 
 # Probabilities of heads 2t ($2) and 2t+1 ($3) of token row g of an 8×8 block → the float16 Pᵀ fragment
@@ -179,6 +181,16 @@ def _per_token(bid, tok, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr):
 
 
 @gluon.jit
+def _in_block(t, tok, BLOCK_SIZE: gl.constexpr, STEP: gl.constexpr):
+    """Offsets in their blocks of tokens t = t0 + tok of a tile (t0 a multiple of STEP): from tok alone, a
+    constant, where the block size divides STEP."""
+    if BLOCK_SIZE <= STEP:
+        return tok & (BLOCK_SIZE - 1)
+    else:
+        return t & (BLOCK_SIZE - 1)
+
+
+@gluon.jit
 def _stage_tile(
     t0, end, h, bid, k_tok, k_word, v_tok, v_word, kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h,
     BLOCK_SIZE: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
@@ -204,7 +216,7 @@ def _stage_pieces(
     staging PTX STAGE. Tokens at or past `end` are skipped (their slots keep stale bytes, which are valid
     indices; their scores are masked)."""
     t = t0 + tok
-    rows = _per_token(bid, tok, W, T, NBT) * s_b + (t & (BLOCK_SIZE - 1)) * s_o + h * s_h
+    rows = _per_token(bid, tok, W, T, NBT) * s_b + _in_block(t, tok, BLOCK_SIZE, W * T) * s_o + h * s_h
     addr = (ptr + rows[:, :, None] + word).to(gl.int64)
     copy = gl.broadcast((t < end).to(gl.int32)[:, :, None], addr)[0]
     gl.inline_asm_elementwise(STAGE, _constraints("r", "lr", PIECES), [addr, copy], gl.int32, False, PIECES)
@@ -234,7 +246,7 @@ def _tile_norms(
     t = gl.convert_layout(t0 + k_tok, SCORE_ROWS, assert_trivial=True)
     block = gl.convert_layout(_per_token(bid, k_tok, W, T, NBT), SCORE_ROWS, assert_trivial=True)
     valid = t < end
-    offset = t & (BLOCK_SIZE - 1)
+    offset = _in_block(t, gl.convert_layout(k_tok, SCORE_ROWS, assert_trivial=True), BLOCK_SIZE, W * T)
     kn = gl.load(kn_ptr + block * skn_b + offset * skn_o + h * skn_h, mask=valid, other=0.0)
     vn = gl.load(vn_ptr + block * svn_b + offset * svn_o + h * svn_h, mask=valid, other=0.0)
     return kn, vn, valid
@@ -243,8 +255,12 @@ def _tile_norms(
 @gluon.jit
 def _decode_lut_kernel(
     qr_ptr,  # rotated query × scale·log2 e [B, Hq, 128] float16, natural order, contiguous
-    kp_ptr, skp_b, skp_o, skp_h, kn_ptr, skn_b, skn_o, skn_h,  # keys as int32 words [NB, BS, H, Pk/4]
-    vp_ptr, svp_b, svp_o, svp_h, vn_ptr, svn_b, svn_o, svn_h,  # values as int32 words [NB, BS, H, Pv/4]
+    # keys and values as int32 words [NB, BS, H, Pk/4 or Pv/4] and their norms [NB, BS, H]; the token and
+    # head strides are compile-time constants (the addresses of a tile's tokens fold into few operations)
+    kp_ptr, skp_b, skp_o: gl.constexpr, skp_h: gl.constexpr,
+    kn_ptr, skn_b, skn_o: gl.constexpr, skn_h: gl.constexpr,
+    vp_ptr, svp_b, svp_o: gl.constexpr, svp_h: gl.constexpr,
+    vn_ptr, svn_b, svn_o: gl.constexpr, svn_h: gl.constexpr,
     lut_ptr,  # [256, 2] int32: the two tables' entries
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
     po_ptr, pl_ptr,  # partial out [B, Hq, P, 128] f32 (natural order), partial lse [B, Hq, P] f32
@@ -253,6 +269,7 @@ def _decode_lut_kernel(
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
+    FILL_ASM: gl.constexpr,  # fill_asm(LUT_BYTES // 128 // (32·W), 32·W)
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
@@ -280,13 +297,17 @@ def _decode_lut_kernel(
         [SMEM // 8192, 64, 32],
         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
     )
+    # The fill: rows of 32 words, row r holding entry r >> 1 of table r & 1 (the [256, 2] table is row-major),
+    # thread i writing rows i + 32·W·j in inline PTX; the compiler sees a second fill of the first 64 rows
+    # (same values) and puts one CTA barrier between it and the read-back below, after every fill store.
+    FR: gl.constexpr = LUT_BYTES // 128 // (32 * W)  # rows per thread
+    rows = gl.arange(0, LUT_BYTES // 128, layout=gl.BlockedLayout([1], [32], [W], [0]))
+    words = gl.load(lut_ptr + rows)
+    gl.inline_asm_elementwise(FILL_ASM, _constraints("r", "r", FR), [words], gl.int32, False, FR)
     fr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
-    for c in gl.static_range(LUT_BYTES // 8192):
-        row = c * 64 + fr  # rows of 32 words: entry row >> 1, table row & 1
-        entries = gl.load(lut_ptr + (row >> 1) * 2 + (row & 1))
-        buf.index(c).store(gl.broadcast(entries[:, None], gl.full([64, 32], 0, gl.int32, FL))[0])
-    # read back after the fill's barrier: every lookup takes it as an operand, so none runs before (a
-    # one-row slice that each warp reads whole: no cross-warp reduction)
+    buf.index(0).store(gl.broadcast(gl.load(lut_ptr + fr)[:, None], gl.full([64, 32], 0, gl.int32, FL))[0])
+    # read back after that barrier: every lookup takes it as an operand, so none runs before (a one-row slice
+    # that each warp reads whole: no cross-warp reduction)
     probe = gl.max(gl.max(buf.index(0).slice(0, 1).load(FL), axis=1), axis=0)
 
     # the pieces' token and word indices

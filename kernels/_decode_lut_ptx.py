@@ -16,6 +16,22 @@ def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
     return LUT_BYTES + warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4
 
 
+@functools.cache
+def fill_asm(rows_per_thread: int, threads: int) -> str:
+    """The table fill: thread i writes rows i + threads·j (j < rows_per_thread; $n + j: the row's word, n =
+    rows_per_thread; $j: unused output), each the 32 lanes' copies of its word as eight 16-byte stores,
+    lane l writing chunk (k + l) mod 8 at step k so that a quarter warp's stores meet distinct banks."""
+    n = rows_per_thread
+    lines = ["{", ".reg .b32 t, l, c, s;", "mov.u32 t, %tid.x;", "shl.b32 t, t, 7;",
+             "mov.u32 s, global_smem;", "add.u32 t, t, s;", "mov.u32 l, %laneid;"]  # fmt: skip
+    for k in range(8):
+        lines += [f"add.u32 c, l, {k};", "and.b32 c, c, 7;", "shl.b32 c, c, 4;", "add.u32 c, c, t;"]
+        for j in range(n):
+            word = f"${n + j}"
+            lines.append(f"st.shared.v4.b32 [c+{j * threads * 128}], {{{word}, {word}, {word}, {word}}};")
+    return " ".join([*lines, *(f"mov.b32 ${j}, 0;" for j in range(n)), "}"])
+
+
 def _lane_prologue() -> list[str]:
     return [".reg .b32 l, s, a, x;", "mov.u32 l, %laneid;", "shl.b32 l, l, 2;", "mov.u32 s, global_smem;"]
 

@@ -54,20 +54,45 @@ def _aligned_words(packed: torch.Tensor, align: int) -> bool:
     return extent // 4 < 2**31
 
 
-def lut_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+def lut_programs_per_sm(device: torch.device, key_mode: int) -> int:
+    """Programs of the Gluon kernel resident per SM: CONFIG's `lut_programs_per_sm`, or (None) as many as its
+    shared memory (1 KiB reserved per program), registers (`lut_maxnreg`, else 255) and warps allow."""
+    if CONFIG["lut_programs_per_sm"] is not None:
+        return CONFIG["lut_programs_per_sm"]
+    warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
+    smem_sm, threads_sm = _sm_limits(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode) + 1024)
+    regs = -(-(CONFIG["lut_maxnreg"] or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
+    return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
+
+
+_REGISTERS_PER_SM = 65536  # every CUDA architecture the kernel runs on (sm_80+)
+
+
+@functools.cache
+def _sm_limits(index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.shared_memory_per_multiprocessor, props.max_threads_per_multi_processor
+
+
+def lut_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device, per_sm: int) -> int:
     step = CONFIG["lut_warps"] * CONFIG["lut_tile"]
-    capacity = CONFIG["lut_programs_per_sm"] * num_sms(device)
     return plan_splits(
-        batch * num_kv_heads, -(-max_tokens // step), capacity, CONFIG["min_wave_fill"],
+        batch * num_kv_heads, -(-max_tokens // step), per_sm * num_sms(device), CONFIG["lut_min_wave_fill"],
         CONFIG["split_overhead_tiles"],
     )  # fmt: skip
 
 
 def lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Partials per query head of the Gluon kernel (splits × its warps); 0 where it cannot run."""
+    """Partials per query head of the Gluon kernel (splits × its warps), the most any key mode needs; 0 where
+    it cannot run."""
     if not (HAVE_GLUON and device.type == "cuda"):
         return 0
-    return lut_splits(batch, num_kv_heads, max_tokens, device) * CONFIG["lut_warps"]
+    per_sm = {lut_programs_per_sm(device, mode) for mode in (4, 8, 9)}
+    splits = max(lut_splits(batch, num_kv_heads, max_tokens, device, n) for n in per_sm)
+    return splits * CONFIG["lut_warps"]
 
 
 def launch_lut(
@@ -81,7 +106,8 @@ def launch_lut(
     dev = query.device
     kt, vt = kernel_tables(k_codec, dev), kernel_tables(v_codec, dev)
     max_tokens = block_tables.shape[1] * block_size
-    splits = lut_splits(batch, num_kv_heads, max_tokens, dev)
+    per_sm = lut_programs_per_sm(dev, key_mode)
+    splits = lut_splits(batch, num_kv_heads, max_tokens, dev, per_sm)
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
     step = warps * tile
     check_capacity(workspace, splits * warps)
@@ -103,11 +129,14 @@ def launch_lut(
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+        V_UNSTAGE=stage[3], FILL_ASM=_lut.fill_asm(_lut.LUT_BYTES.value // 128 // (32 * warps), 32 * warps),
+        num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
     )  # fmt: skip
-    grid = (min(items, CONFIG["lut_programs_per_sm"] * num_sms(dev)),)
+    grid = (min(items, per_sm * num_sms(dev)),)
     capability = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
-    _check_lut_compile(args, constexprs, grid, _lut.shared_bytes(warps, tile, key_mode), capability)
+    strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
+    shared = _lut.shared_bytes(warps, tile, key_mode)
+    _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, splits * warps, vt.rot, out)
 
@@ -115,11 +144,12 @@ def launch_lut(
 _LUT_CHECKED: set = set()
 
 
-def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int, capability) -> None:
-    """Before the first launch of each configuration: compile it and check that its shared memory is exactly
-    the buffer its PTX addresses from offset 0 (the table and the staging slots), else raise."""
+def _check_lut_compile(args, constexprs: dict, grid, expected_shared: int, specialization) -> None:
+    """Before the first launch of each configuration (constexprs, and `specialization`: the device capability
+    and the constexpr strides): compile it and check that its shared memory is exactly the buffer its PTX
+    addresses from offset 0 (the table and the staging slots), else raise."""
     settings = sorted((k, v) for k, v in constexprs.items() if not k.endswith("ASM") and "STAGE" not in k)
-    key = (capability, *settings)
+    key = (specialization, *settings)
     if key in _LUT_CHECKED:
         return
     kernel = _lut._decode_lut_kernel.warmup(*args, grid=grid, **constexprs)

@@ -30,9 +30,10 @@ def _f16x2(op, a: int, b: int) -> int:
     return int(r[0]) | (int(r[1]) << 16)
 
 
-def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None) -> dict:
+def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None, warp: int = 0) -> dict:
     """One lane's run of a straight-line PTX block (immediates in hex or decimal; `shared`: the shared
-    memory as 32-bit words at global_smem); 16-bit outputs `{$i, $j}` land as 16-bit values."""
+    memory as 32-bit words at global_smem; %tid.x = 32·warp + lane); 16-bit outputs `{$i, $j}` land as
+    16-bit values."""
     regs = dict(regs)
 
     def val(token: str) -> int:
@@ -50,9 +51,19 @@ def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = Non
             word = val(src.strip(", "))
             regs[lo], regs[hi] = word & 0xFFFF, word >> 16
             continue
+        if op == "st.shared.v4.b32":  # st.shared.v4.b32 [base+offset], {a, b, c, d}
+            target, values = rest.split("],")
+            base, offset = target.strip("[ ").split("+")
+            address = val(base) + int(offset, 0)
+            assert address % 16 == 0
+            words = [val(v) for v in values.strip(" {}").split(",")]
+            shared[address // 4 : address // 4 + 4] = words
+            continue
         dest, *srcs = (t.strip() for t in rest.split(","))
         if op == "mov.u32" and srcs == ["%laneid"]:
             regs[dest] = lane
+        elif op == "mov.u32" and srcs == ["%tid.x"]:
+            regs[dest] = 32 * warp + lane
         elif op == "mov.u32" and srcs == ["global_smem"]:
             regs[dest] = 0
         elif op == "ld.shared.b32":
@@ -69,6 +80,8 @@ def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = Non
                 "shl.b32": lambda a, b: a << b,
                 "shr.u32": lambda a, b: a >> b,
                 "add.u32": lambda a, b: a + b,
+                "mul.lo.u32": lambda a, b: a * b,
+                "mad.lo.u32": lambda a, b, c: a * b + c,
                 "prmt.b32": lambda a, b, c: _prmt(a, b, c & 0xFFFF),
                 "lop3.b32": _lop3_eval,
                 "sub.f16x2": lambda a, b: _f16x2(np.subtract, a, b),

@@ -104,18 +104,55 @@ def test_pt_fragment_is_the_transposed_block():
         assert list(got) == [np.float16(scores[2 * t + c, g]) for c in range(2)]
 
 
+@pytest.mark.parametrize("warps", [4, 8])
+def test_table_fill_writes_every_lane_copy_without_bank_conflicts(warps):
+    """fill_asm run for every thread yields the kernel's table layout (row r: 32 copies of word r), and the
+    16-byte stores of each quarter warp at each step meet 8 distinct 16-byte bank groups."""
+    rows = lut.LUT_BYTES.value // 128
+    per_thread, threads = rows // (32 * warps), 32 * warps
+    asm = lut.fill_asm(per_thread, threads)
+    words = np.random.default_rng(0).integers(0, 2**32, rows, dtype=np.int64)
+    shared = np.full(rows * 32, -1, dtype=np.int64)
+    for tid in range(threads):
+        inputs = {f"${per_thread + j}": int(words[tid + threads * j]) for j in range(per_thread)}
+        run_ptx(asm, inputs, tid % 32, shared, warp=tid // 32)
+    assert (shared.reshape(rows, 32) == words[:, None]).all()
+    for quarter in range(4):  # the i-th store of the 8 lanes of a quarter warp: distinct 16-byte bank groups
+        order = [_store_addresses(asm, per_thread, lane) for lane in range(8 * quarter, 8 * quarter + 8)]
+        for i in range(8 * per_thread):
+            assert len({lane_stores[i] % 128 for lane_stores in order}) == 8
+
+
+class _StoreLog:
+    """Shared memory that records the byte address of each store."""
+
+    def __init__(self):
+        self.addresses = []
+
+    def __setitem__(self, words: slice, values):
+        self.addresses.append(4 * words.start)
+
+
+def _store_addresses(asm: str, per_thread: int, lane: int) -> list[int]:
+    log = _StoreLog()
+    run_ptx(asm, {f"${per_thread + j}": 0 for j in range(per_thread)}, lane, log)
+    return log.addresses
+
+
+_MEMORY_OPS = re.compile(r"(cp\.async|ld\.shared\.v|setp|@q|mov\.b32 \$)")
+
+
 def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
-    """(warp, lane, piece) → shared byte offset of that piece's slot, read off a staging PTX string."""
-    warp_bytes = int(re.search(r"mul\.lo\.u32 w, w, (\d+);", asm).group(1))
-    size = int(re.search(r"mad\.lo\.u32 b, b, (\d+), w;", asm).group(1))
-    start = int(re.search(r"add\.u32 b, b, (\d+);", asm).group(1))
+    """(warp, lane, piece) → shared byte offset of that piece's slot: the PTX's slot arithmetic run per lane
+    (global_smem at 0), plus each copy's or read's offset in the order they appear."""
+    arithmetic = "; ".join(i for i in asm.strip("{} ").split(";") if not _MEMORY_OPS.search(i))
     offsets = [int(x) for x in re.findall(r"\[b\+(\d+)\]", asm)]
-    return {
-        (w, lane, p): start + w * warp_bytes + lane * size + off
-        for w in range(warps)
-        for lane in range(32)
-        for p, off in enumerate(offsets)
-    }
+    slots = {}
+    for w in range(warps):
+        for lane in range(32):
+            base = run_ptx(arithmetic, {}, lane, warp=w)["b"]
+            slots.update({(w, lane, p): base + off for p, off in enumerate(offsets)})
+    return slots
 
 
 @pytest.mark.parametrize("tile,key_mode,warps", [(32, 4, 4), (32, 8, 8), (64, 4, 4), (64, 9, 8)])
