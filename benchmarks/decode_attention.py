@@ -133,10 +133,10 @@ def sweep_configs() -> list[dict]:
     base = dict(decode_module.CONFIG)
     variants = [
         {},
-        {"lut_warps": 8, "lut_maxnreg": 128},
+        {"lut_min_wave_fill": 1.0},
         {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
+        {"lut_warps": 8, "lut_maxnreg": 128},
         {"lut_warps": 8, "lut_maxnreg": None, "lut_programs_per_sm": 1},
-        {"lut_warps": 16, "lut_maxnreg": 128, "lut_programs_per_sm": 1},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]
 
@@ -170,10 +170,10 @@ def sweep(copy_gbs: float, adopt: bool) -> None:
 
 
 def breakdown() -> None:
-    """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at (1, 4K) and (16, 32K)."""
+    """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at (1, 4K), (1, 32K) and (16, 32K)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for shape in ((1, 4096), (16, 32768)):
+    for shape in ((1, 4096), (1, 32768), (16, 32768)):
         case = Case(*shape, 4, 4, dense=False)
         case.ours()
         torch.cuda.synchronize()
