@@ -109,6 +109,8 @@ def launch_lut(
     per_sm = lut_programs_per_sm(dev, key_mode)
     splits = lut_splits(batch, num_kv_heads, max_tokens, dev, per_sm)
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
+    if warps > 16 or warps & (warps - 1):
+        raise ValueError(f"CONFIG['lut_warps'] is {warps}: use a power of two ≤ 16 (threads fill whole rows)")
     step = warps * tile
     check_capacity(workspace, splits * warps)
     q = query if query.stride(-1) == 1 else query.contiguous()
