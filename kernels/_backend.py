@@ -5,6 +5,7 @@ Provides:
     interpreting() -> bool             TRITON_INTERPRET=1 is set
     use_triton(*tensors) -> bool       Triton on CUDA tensors, or anywhere under TRITON_INTERPRET=1
     num_sms(device) -> int             multiprocessor count (cached; a small constant off-GPU)
+    cuda_index(device) -> int          a CUDA device's index (the current device where it has none)
     pdl_supported(device) -> bool      programmatic dependent launch: Hopper or newer, Triton with launch_pdl
     next_pow2(n) -> int
 """
@@ -33,10 +34,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(cuda_index(device))
 
 
 def next_pow2(n: int) -> int:
@@ -48,8 +53,7 @@ def pdl_supported(device: torch.device) -> bool:
     compute capability ≥ 9.0 and a Triton whose launcher takes `launch_pdl`; never under the interpreter."""
     if device.type != "cuda" or interpreting() or not HAVE_TRITON:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _pdl_supported(index)
+    return _pdl_supported(cuda_index(device))
 
 
 @functools.cache

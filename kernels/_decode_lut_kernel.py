@@ -65,6 +65,7 @@ def _value_piece_layout(W, T):
 
 
 _shared_bytes = constexpr_function(shared_bytes)
+_fill_asm = constexpr_function(fill_asm)
 
 
 @constexpr_function
@@ -269,7 +270,6 @@ def _decode_lut_kernel(
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
-    FILL_ASM: gl.constexpr,  # fill_asm(LUT_BYTES // 128 // (32·W), 32·W)
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
@@ -301,9 +301,10 @@ def _decode_lut_kernel(
     # thread i writing rows i + 32·W·j in inline PTX; the compiler sees a second fill of the first 64 rows
     # (same values) and puts one CTA barrier between it and the read-back below, after every fill store.
     FR: gl.constexpr = LUT_BYTES // 128 // (32 * W)  # rows per thread
+    gl.static_assert(FR * 32 * W == LUT_BYTES // 128)
     rows = gl.arange(0, LUT_BYTES // 128, layout=gl.BlockedLayout([1], [32], [W], [0]))
     words = gl.load(lut_ptr + rows)
-    gl.inline_asm_elementwise(FILL_ASM, _constraints("r", "r", FR), [words], gl.int32, False, FR)
+    gl.inline_asm_elementwise(_fill_asm(FR), _constraints("r", "r", FR), [words], gl.int32, False, FR)
     fr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
     buf.index(0).store(gl.broadcast(gl.load(lut_ptr + fr)[:, None], gl.full([64, 32], 0, gl.int32, FL))[0])
     # read back after that barrier: every lookup takes it as an operand, so none runs before (a one-row slice

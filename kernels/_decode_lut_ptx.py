@@ -16,12 +16,13 @@ def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
     return LUT_BYTES + warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4
 
 
-@functools.cache
-def fill_asm(rows_per_thread: int, threads: int) -> str:
-    """The table fill: thread i writes rows i + threads·j (j < rows_per_thread; $n + j: the row's word, n =
-    rows_per_thread; $j: unused output), each the 32 lanes' copies of its word as eight 16-byte stores,
-    lane l writing chunk (k + l) mod 8 at step k so that a quarter warp's stores meet distinct banks."""
+def fill_asm(rows_per_thread: int) -> str:
+    """The table fill of a program of LUT_BYTES / 128 / rows_per_thread threads: thread i writes rows
+    i + threads·j (j < n = rows_per_thread; $n + j: the row's word; $j: unused output), each the 32 lanes'
+    copies of its word as eight 16-byte stores, lane l writing chunk (k + l) mod 8 at step k so that a
+    quarter warp's stores meet distinct banks."""
     n = rows_per_thread
+    threads = LUT_BYTES // 128 // n
     lines = ["{", ".reg .b32 t, l, c, s;", "mov.u32 t, %tid.x;", "shl.b32 t, t, 7;",
              "mov.u32 s, global_smem;", "add.u32 t, t, s;", "mov.u32 l, %laneid;"]  # fmt: skip
     for k in range(8):

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from ._backend import HAVE_TRITON, interpreting, num_sms
+from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries
 from ._tables import decode_lut_table, kernel_tables
 
@@ -31,8 +31,7 @@ def lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group: int, block_s
         return 0
     if v_codec.bits != 4 or k_codec.bits not in (4, 8) or block_size & (block_size - 1):
         return 0
-    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    if _capability(index) < (8, 0):
+    if _capability(cuda_index(query.device)) < (8, 0):
         return 0
     if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 8)):
         return 0
@@ -54,21 +53,19 @@ def _aligned_words(packed: torch.Tensor, align: int) -> bool:
     return extent // 4 < 2**31
 
 
+_REGISTERS_PER_SM = 65536  # every CUDA architecture the kernel runs on (sm_80+)
+
+
 def lut_programs_per_sm(device: torch.device, key_mode: int) -> int:
     """Programs of the Gluon kernel resident per SM: CONFIG's `lut_programs_per_sm`, or (None) as many as its
     shared memory (1 KiB reserved per program), registers (`lut_maxnreg`, else 255) and warps allow."""
     if CONFIG["lut_programs_per_sm"] is not None:
         return CONFIG["lut_programs_per_sm"]
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
-    smem_sm, threads_sm = _sm_limits(
-        device.index if device.index is not None else torch.cuda.current_device()
-    )
+    smem_sm, threads_sm = _sm_limits(cuda_index(device))
     by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode) + 1024)
     regs = -(-(CONFIG["lut_maxnreg"] or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
     return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
-
-
-_REGISTERS_PER_SM = 65536  # every CUDA architecture the kernel runs on (sm_80+)
 
 
 @functools.cache
@@ -131,11 +128,10 @@ def launch_lut(
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], FILL_ASM=_lut.fill_asm(_lut.LUT_BYTES.value // 128 // (32 * warps), 32 * warps),
-        num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+        V_UNSTAGE=stage[3], num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
     )  # fmt: skip
     grid = (min(items, per_sm * num_sms(dev)),)
-    capability = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+    capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
     shared = _lut.shared_bytes(warps, tile, key_mode)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))

@@ -110,7 +110,7 @@ def test_table_fill_writes_every_lane_copy_without_bank_conflicts(warps):
     16-byte stores of each quarter warp at each step meet 8 distinct 16-byte bank groups."""
     rows = lut.LUT_BYTES.value // 128
     per_thread, threads = rows // (32 * warps), 32 * warps
-    asm = lut.fill_asm(per_thread, threads)
+    asm = lut.fill_asm(per_thread)
     words = np.random.default_rng(0).integers(0, 2**32, rows, dtype=np.int64)
     shared = np.full(rows * 32, -1, dtype=np.int64)
     for tid in range(threads):
