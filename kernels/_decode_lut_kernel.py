@@ -114,18 +114,20 @@ def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.conste
     """Packed key words [W, T, 16 or 32] → K̂ [W, T, 128] float16, columns in logical order."""
     if K_MODE == 4:
         w = gl.reshape(words, [W, T, 2, 2, 2, 2])  # w3 w2 w1 w0
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            K_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, probe], dtype=(gl.float16,) * 8, is_pure=True, pack=1
+        w = gl.join(w, w)  # the nibble axis: one packed float16 pair per byte
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            K_ASM, "=r,=r,=r,=r,r,r,r,r", [w, probe], dtype=(gl.float16,) * 4, is_pure=True, pack=2
         )
-        x = _join4(gl.join(o0, o1), gl.join(o2, o3), gl.join(o4, o5), gl.join(o6, o7))
+        x = _join4(o0, o1, o2, o3)
         # [W, T, w3, w2, w1, w0, nib, b0, b1] → logical (high → low) w1 w0 b1 b0 w3 w2 nib
         x = gl.permute(x, [0, 1, 4, 5, 8, 7, 2, 3, 6])
     else:
         w = gl.reshape(words, [W, T, 2, 2, 2, 2, 2])  # w4 w3 w2 w1 w0
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(
-            K_ASM, "=h,=h,=h,=h,r,r", [w, probe], dtype=(gl.float16,) * 4, is_pure=True, pack=1
+        w = gl.join(w, w)  # the axis b0: one packed float16 pair per two bytes
+        o0, o1 = gl.inline_asm_elementwise(
+            K_ASM, "=r,=r,r,r,r,r", [w, probe], dtype=(gl.float16,) * 2, is_pure=True, pack=2
         )
-        x = _join4(o0, o1, o2, o3)
+        x = gl.join(o0, o1)
         # [W, T, w4, w3, w2, w1, w0, b0, b1] → logical (high → low) w2 w1 w0 b1 w4 w3 b0
         x = gl.permute(x, [0, 1, 4, 5, 6, 8, 2, 3, 7])
     return gl.reshape(x, [W, T, 128])
@@ -138,14 +140,12 @@ def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_ASM: gl.constex
     wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, 16]
     wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2])  # w3 w2 w1 w0
     wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2])
+    # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per nibble
     o = gl.inline_asm_elementwise(
-        V_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [wa, wb, probe],
-        dtype=(gl.float16,) * 16, is_pure=True, pack=1,
+        V_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
+        dtype=(gl.float16,) * 8, is_pure=True, pack=2,
     )  # fmt: skip
-    x = _join8(
-        gl.join(o[0], o[1]), gl.join(o[2], o[3]), gl.join(o[4], o[5]), gl.join(o[6], o[7]),
-        gl.join(o[8], o[9]), gl.join(o[10], o[11]), gl.join(o[12], o[13]), gl.join(o[14], o[15]),
-    )  # fmt: skip
+    x = _join8(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7])
     # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
     x = gl.permute(x, [0, 9, 8, 7, 5, 2, 3, 4, 1, 6])
     return gl.reshape(x, [W, 128, T])

@@ -48,45 +48,47 @@ def _lookup(byte_reg: str, k: int, offset: int, dst: str) -> list[str]:
 
 @functools.cache
 def k4_asm(offset: int) -> str:
-    """One word of 4-bit key indices ($8; $9: the table probe, unused) → float16 centroids $0 … $7, output
-    2b + n holding nibble n of byte b."""
+    """One word of 4-bit key indices ($4; $5: the same word, $6, $7: the table probe, unused) → packed
+    float16 pairs $0 … $3, output b holding (c[nibble 0], c[nibble 1]) of byte b."""
     lines = ["{", *_lane_prologue()]
     for b in range(4):
-        lines += [*_lookup("$8", b, offset, "x"), f"mov.b32 {{${2 * b}, ${2 * b + 1}}}, x;"]
+        lines += _lookup("$4", b, offset, f"${b}")
     return " ".join([*lines, "}"])
 
 
 @functools.cache
 def v4_asm(offset: int) -> str:
-    """The same word of 4-bit value indices of tokens 2t ($16) and 2t+1 ($17) → 16 float16 centroids,
-    output 2n + j holding nibble n (0 … 7) of token 2t + j. Nibbles are paired across the two tokens
-    (lop3: (a & 0x0f…) | (b & 0xf0…)) so one lookup yields the pair."""
-    lines = ["{", *_lane_prologue(), ".reg .b32 lo, hi, t;", "shl.b32 t, $17, 4;",
-             "lop3.b32 lo, $16, t, 0x0f0f0f0f, 0xE4;", "shr.u32 t, $16, 4;",
-             "lop3.b32 hi, t, $17, 0x0f0f0f0f, 0xE4;"]  # fmt: skip
+    """The same word of 4-bit value indices of tokens 2t ($8; $9 the same) and 2t+1 ($10; $11 the same;
+    $12, $13: the probe, unused) → packed float16 pairs $0 … $7, output n holding (token 2t, token 2t+1) of
+    nibble n (0 … 7). Nibbles are paired across the two tokens (lop3: (a & 0x0f…) | (b & 0xf0…)) so one
+    lookup yields the pair."""
+    lines = ["{", *_lane_prologue(), ".reg .b32 lo, hi, t;", "shl.b32 t, $10, 4;",
+             "lop3.b32 lo, $8, t, 0x0f0f0f0f, 0xE4;", "shr.u32 t, $8, 4;",
+             "lop3.b32 hi, t, $10, 0x0f0f0f0f, 0xE4;"]  # fmt: skip
     for b in range(4):
         for h, reg in enumerate(("lo", "hi")):
-            n = 2 * b + h
-            lines += [*_lookup(reg, b, offset, "x"), f"mov.b32 {{${2 * n}, ${2 * n + 1}}}, x;"]
+            lines += _lookup(reg, b, offset, f"${2 * b + h}")
     return " ".join([*lines, "}"])
 
 
 @functools.cache
 def k8_asm(offset: int) -> str:
-    """One word of 8-bit key indices ($4; $5 unused) → float16 centroids $0 … $3 (one per byte), from the
-    table's low halves."""
-    lines = ["{", *_lane_prologue(), ".reg .b16 z;"]
-    for b in range(4):
-        lines += [*_lookup("$4", b, offset, "x"), f"mov.b32 {{${b}, z}}, x;"]
+    """One word of 8-bit key indices ($2; $3: the same word, $4, $5: the probe, unused) → packed float16
+    pairs $0 (centroids of bytes 0, 1) and $1 (bytes 2, 3), from the table's low halves."""
+    lines = ["{", *_lane_prologue(), ".reg .b32 y;"]
+    for pair in range(2):
+        lines += [*_lookup("$2", 2 * pair, offset, "x"), *_lookup("$2", 2 * pair + 1, offset, "y")]
+        lines.append(f"prmt.b32 ${pair}, x, y, 0x5410;")
     return " ".join([*lines, "}"])
 
 
-# One word of 8-bit indices k ($4; $5 unused) → k − 128 as float16 ($0 … $3), exactly: `prmt` writes each
-# byte under the float16 exponent of 1024 (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it.
+# One word of 8-bit indices k ($2; $3: the same word, $4, $5: unused) → k − 128 as packed float16 pairs $0
+# (bytes 0, 1) and $1 (bytes 2, 3), exactly: `prmt` writes each byte under the float16 exponent of 1024
+# (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it.
 K8U_ASM = " ".join([
-    "{", ".reg .b32 m, c, h0, h1;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
-    "prmt.b32 h0, $4, m, 0x4140;", "prmt.b32 h1, $4, m, 0x4342;", "sub.f16x2 h0, h0, c;",
-    "sub.f16x2 h1, h1, c;", "mov.b32 {$0, $1}, h0;", "mov.b32 {$2, $3}, h1;", "}",
+    "{", ".reg .b32 m, c;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
+    "prmt.b32 $0, $2, m, 0x4140;", "prmt.b32 $1, $2, m, 0x4342;", "sub.f16x2 $0, $0, c;",
+    "sub.f16x2 $1, $1, c;", "}",
 ])  # fmt: skip
 
 

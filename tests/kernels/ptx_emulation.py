@@ -1,5 +1,6 @@
 """A PTX emulator for the kernels' inline assembly (which only a GPU runs): straight-line blocks of the
-integer, float16x2 and shared-memory instructions they use, run for one lane on 32-bit register values."""
+integer, float16x2, conversion, shared- and global-memory instructions they use, run for one lane on 32-bit
+register values (64-bit for addresses; float inputs as Python floats)."""
 
 import numpy as np
 
@@ -30,10 +31,20 @@ def _f16x2(op, a: int, b: int) -> int:
     return int(r[0]) | (int(r[1]) << 16)
 
 
-def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None, warp: int = 0) -> dict:
+def _cvt_rzi_u32(x: float) -> int:
+    """cvt.rzi.u32.f32: truncate, saturating to [0, 2^32 − 1]; NaN → 0."""
+    if x != x:
+        return 0
+    return int(min(max(np.trunc(np.float32(x)), 0.0), 2.0**32 - 1))
+
+
+def run_ptx(
+    asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None, warp: int = 0,
+    global_words: dict[int, int] | None = None,
+) -> dict:  # fmt: skip
     """One lane's run of a straight-line PTX block (immediates in hex or decimal; `shared`: the shared
-    memory as 32-bit words at global_smem; %tid.x = 32·warp + lane); 16-bit outputs `{$i, $j}` land as
-    16-bit values."""
+    memory as 32-bit words at global_smem; %tid.x = 32·warp + lane; `global_words`: global memory as
+    {byte address: 32-bit word}); 16-bit outputs `{$i, $j}` land as 16-bit values."""
     regs = dict(regs)
 
     def val(token: str) -> int:
@@ -66,6 +77,13 @@ def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = Non
             regs[dest] = 32 * warp + lane
         elif op == "mov.u32" and srcs == ["global_smem"]:
             regs[dest] = 0
+        elif op == "ld.global.nc.b32":
+            regs[dest] = global_words[val(srcs[0].strip("[]"))]
+        elif op == "mad.wide.u32":
+            a, b, c = (val(t) for t in srcs)
+            regs[dest] = (a * b + c) & 0xFFFFFFFFFFFFFFFF
+        elif op == "cvt.rzi.u32.f32":
+            regs[dest] = _cvt_rzi_u32(val(srcs[0]))
         elif op == "ld.shared.b32":
             base, offset = srcs[0].strip("[]").split("+")
             address = val(base) + int(offset, 0)
@@ -81,6 +99,7 @@ def run_ptx(asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = Non
                 "shr.u32": lambda a, b: a >> b,
                 "add.u32": lambda a, b: a + b,
                 "mul.lo.u32": lambda a, b: a * b,
+                "min.u32": min,
                 "mad.lo.u32": lambda a, b, c: a * b + c,
                 "prmt.b32": lambda a, b, c: _prmt(a, b, c & 0xFFFF),
                 "lop3.b32": _lop3_eval,

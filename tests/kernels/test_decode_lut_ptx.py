@@ -29,6 +29,11 @@ def f16_bits(x: torch.Tensor) -> list[int]:
     return [int(b) & 0xFFFF for b in x.to(torch.float16).view(torch.int16).tolist()]
 
 
+def halves(word: int) -> tuple[int, int]:
+    """A packed float16 pair's (low, high) halves."""
+    return word & 0xFFFF, word >> 16
+
+
 WORDS = [0, 0xFFFFFFFF, 0x76543210, 0xFEDCBA98] + [random.Random(0).getrandbits(32) for _ in range(200)]
 
 
@@ -40,10 +45,10 @@ def test_k4_lookup_gives_both_nibbles_centroids(same_codebook):
     asm = lut.k4_asm(k_off)
     for i, word in enumerate(WORDS):
         lane = i % 32
-        regs = run_ptx(asm, {"$8": word, "$9": 0}, lane, shared)
+        regs = run_ptx(asm, {"$4": word, "$5": word, "$6": 0, "$7": 0}, lane, shared)
         for b in range(4):
             byte = (word >> (8 * b)) & 0xFF
-            assert (regs[f"${2 * b}"], regs[f"${2 * b + 1}"]) == (cb[byte & 15], cb[byte >> 4])
+            assert halves(regs[f"${b}"]) == (cb[byte & 15], cb[byte >> 4])
 
 
 def test_v4_lookup_pairs_two_tokens_of_one_coordinate():
@@ -54,10 +59,10 @@ def test_v4_lookup_pairs_two_tokens_of_one_coordinate():
     rng = random.Random(1)
     for i, wa in enumerate(WORDS):
         wb, lane = rng.getrandbits(32), i % 32
-        regs = run_ptx(asm, {"$16": wa, "$17": wb, "$18": 0}, lane, shared)
+        regs = run_ptx(asm, {"$8": wa, "$9": wa, "$10": wb, "$11": wb, "$12": 0, "$13": 0}, lane, shared)
         for n in range(8):  # nibble n of the word = coordinate n, for token 2t (wa) and 2t+1 (wb)
             want = (cb[(wa >> (4 * n)) & 15], cb[(wb >> (4 * n)) & 15])
-            assert (regs[f"${2 * n}"], regs[f"${2 * n + 1}"]) == want
+            assert halves(regs[f"${n}"]) == want
 
 
 def test_k8_lookup_and_uniform_keys():
@@ -66,10 +71,11 @@ def test_k8_lookup_and_uniform_keys():
     assert k_off == 128
     cb = f16_bits(kc.codebook)
     for i, word in enumerate(WORDS):
-        regs = run_ptx(lut.k8_asm(k_off), {"$4": word, "$5": 0}, i % 32, shared)
-        assert [regs[f"${b}"] for b in range(4)] == [cb[(word >> (8 * b)) & 0xFF] for b in range(4)]
-        regs = run_ptx(lut.K8U_ASM, {"$4": word, "$5": 0}, i % 32, shared)
-        got = np.array([regs[f"${b}"] for b in range(4)], dtype=np.uint16).view(np.float16)
+        operands = {"$2": word, "$3": word, "$4": 0, "$5": 0}
+        regs = run_ptx(lut.k8_asm(k_off), operands, i % 32, shared)
+        assert [*halves(regs["$0"]), *halves(regs["$1"])] == [cb[(word >> (8 * b)) & 0xFF] for b in range(4)]
+        regs = run_ptx(lut.K8U_ASM, operands, i % 32, shared)
+        got = np.array([*halves(regs["$0"]), *halves(regs["$1"])], dtype=np.uint16).view(np.float16)
         assert [float(x) for x in got] == [((word >> (8 * b)) & 0xFF) - 128 for b in range(4)]
 
 
