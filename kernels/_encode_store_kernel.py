@@ -1,10 +1,11 @@
 """Triton kernel: fused TurboQuant encode + scatter into the paged VRAM tier (keys and values, one launch).
 
 Grid (programs, 2): axis 1 picks keys (0) or values (1); each program loads its rotation once and walks
-work items (token tile, kv head) with a stride of the grid size. Per item: norm, rotate (16-bit inputs:
-two float16 tensor-core products against the rotation split in two float16 terms, bfloat16 rows first
-scaled by a power of two into float16 (TO_F16); f32: IEEE dot), look up the nearest centroid, pack, store
-to the token's slot.
+work items (token tile, kv head) with a stride of the grid size. Per item: rotate (16-bit inputs: tensor-core
+products against the rotation split in 16-bit terms of the input's type, three for bfloat16 and two for
+float16, so the products are f32-accurate; f32: IEEE dot), the norm from the rotated rows, the nearest
+centroid of each coordinate, pack, store to the token's slot. The input rows only pass through registers
+on their way to shared memory.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ def _encode_heads(
     slot_ptr, T, H,
     p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
     n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
-    rot_ptr,  # rotation pieces [NPIECE, D, D] (input dtype, float16 with TO_F16, or f32)
-    grid_ptr, grid_offset, grid_inv_width, cells,  # the codec's nearest-centroid table (see _tables.py)
+    rot_ptr,  # rotation pieces [NPIECE, D, D] (16-bit: the input's dtype; f32: one piece)
+    grid_ptr, grid_scale, grid_origin, grid_last,  # the codec's nearest-centroid search (_tables.grid_words)
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, UPCAST: tl.constexpr,
-    TO_F16: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, D)
     rot_offs = d[:, None] * D + d[None, :]
@@ -44,26 +44,22 @@ def _encode_heads(
             x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, item + tl.num_programs(0), D, BT
         )  # fmt: skip
         valid = slot >= 0
-        xf = x.to(tl.float32)
-        norm = tl.sqrt(tl.sum(xf * xf, axis=1))
-        # u = x / max(‖x‖, tiny), as codec.encode (an underflowed norm keeps the direction; an overflowed
-        # one gives u = 0)
-        safe_norm = tl.maximum(norm, 1.1754943508222875e-38)
-        if TO_F16:  # x · 2^k with max|x · 2^k| ≤ 2^15 is exact in float16 down to 2^-28 of max|x|
-            peak = tl.max(tl.abs(xf), axis=1)
-            scale = tl.where(peak > 0, tl.exp2(14.0 - tl.ceil(tl.log2(tl.where(peak > 0, peak, 1.0)))), 1.0)
-            x = (xf * scale[:, None]).to(tl.float16)
-            safe_norm = safe_norm * scale
         if NPIECE == 1:
-            y = tl.dot(xf, rot0, input_precision="ieee")
+            y = tl.dot(x.to(tl.float32), rot0, input_precision="ieee")
         else:
             y = tl.zeros([BT, D], dtype=tl.float32)
             if NPIECE > 2:
                 y = dot16(x, rot2, y, UPCAST)
             y = dot16(x, rot1, y, UPCAST)
             y = dot16(x, rot0, y, UPCAST)
-        y = y * (1.0 / safe_norm)[:, None]
-        idx = nearest_centroid(y, grid_ptr, grid_offset, grid_inv_width, cells)
+        # ‖x‖ = ‖x·Πᵀ‖ (orthogonal); positions of u = x / max(‖x‖, tiny) on the search line, as codec.encode:
+        # an underflowed norm keeps the direction, an overflowed one gives u = 0 (y itself may be ±inf then)
+        norm = tl.sqrt(tl.sum(y * y, axis=1))
+        safe_norm = tl.maximum(norm, 1.1754943508222875e-38)
+        finite = safe_norm < float("inf")
+        to_line = tl.where(finite, grid_scale / safe_norm, 0.0)
+        pos = tl.where(finite[:, None], y * to_line[:, None] + grid_origin, grid_origin)
+        idx = nearest_centroid(pos, grid_ptr, grid_last, not UPCAST)
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
         rows = p_ptr + block * sp_b + offset * sp_o + h * sp_h
@@ -89,23 +85,24 @@ def _encode_store_kernel(
     slot_ptr, T, H,
     kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
     vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
-    krot_ptr, kgrid_ptr, kgrid_off, kgrid_inv, k_cells, vrot_ptr, vgrid_ptr, vgrid_off, vgrid_inv, v_cells,
+    krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
+    vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr,
-    UPCAST: tl.constexpr, TO_F16: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     if tl.program_id(1) == 0:
         _encode_heads(
             k_ptr, skt, skh, skd, slot_ptr, T, H,
             kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
-            krot_ptr, kgrid_ptr, kgrid_off, kgrid_inv, k_cells,
-            BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST, TO_F16,
+            krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
+            BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST,
         )  # fmt: skip
     else:
         _encode_heads(
             v_ptr, svt, svh, svd, slot_ptr, T, H,
             vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
-            vrot_ptr, vgrid_ptr, vgrid_off, vgrid_inv, v_cells,
-            BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST, TO_F16,
+            vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last,
+            BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST,
         )  # fmt: skip

@@ -55,9 +55,10 @@ class KernelTables:
     codebook: torch.Tensor  # [2**bits] f32
     codebook_f16: torch.Tensor  # [2**bits] f16
     codebook_bf16: torch.Tensor  # [2**bits] bf16
-    grid: torch.Tensor  # [cells] int64: (boundaries below cell k) << 32 | f32 bits of the boundary inside it
-    grid_offset: float  # cell(y) = clamp(floor(y · grid_inv_width + grid_offset), 0, cells − 1)
-    grid_inv_width: float
+    grid: torch.Tensor  # [cells] int32: the nearest-centroid search words, see grid_words
+    grid_scale: float  # y's position on the cell line (2^-GRID_FRAC_BITS cells): y · grid_scale + grid_origin
+    grid_origin: float
+    grid_last: int  # cells · 2^GRID_FRAC_BITS − 1, the last position on the search line
     rot_t: torch.Tensor  # [D, D] f32  Πᵀ (natural order: decode attention)
     rot: torch.Tensor  # [D, D] f32  Π
     byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
@@ -66,6 +67,7 @@ class KernelTables:
 
 
 _CACHE: dict[tuple[str, torch.device], KernelTables] = {}
+GRID_FRAC_BITS = 20  # fixed-point bits of a position inside a search cell (grid_words)
 
 
 def kernel_tables(codec: TurboQuantCodec, device: torch.device | str) -> KernelTables:
@@ -103,9 +105,10 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         codebook=cb.to(device),
         codebook_f16=cb.to(torch.float16).to(device),
         codebook_bf16=cb.to(torch.bfloat16).to(device),
-        grid=_packed_grid(codec).to(device),
-        grid_offset=float(codec.tables("cpu").grid.offset),
-        grid_inv_width=float(codec.tables("cpu").grid.inv_width),
+        grid=grid_words(codec).to(device),
+        grid_scale=float(codec.tables("cpu").grid.inv_width) * 2**GRID_FRAC_BITS,
+        grid_origin=float(codec.tables("cpu").grid.offset) * 2**GRID_FRAC_BITS,
+        grid_last=(codec.tables("cpu").grid.cells << GRID_FRAC_BITS) - 1,
         rot_t=rot.t().contiguous().to(device),
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
@@ -114,13 +117,29 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
     )
 
 
-def _packed_grid(codec: TurboQuantCodec) -> torch.Tensor:
-    """The codec's uniform-cell search table (see codec._UniformGrid) as one int64 word per cell, so a
-    kernel finds the nearest centroid with one gather:
-    index = (word >> 32) + (y > bitcast_f32(word & 0xFFFFFFFF))."""
+def grid_words(codec: TurboQuantCodec) -> torch.Tensor:
+    """The codec's uniform-cell search table (codec._UniformGrid) as one int32 word per cell, for a search
+    in fixed point. With U the position of y on the cell line in units of 2^-F cell (F = GRID_FRAC_BITS),
+    U = y · inv_width · 2^F + offset · 2^F (exactly 2^F times the codec's cell coordinate), clamped to
+    [0, cells · 2^F − 1]:
+        index = (word[U >> F] + (U & (2^F − 1))) >> F
+    word[k] = base[k] << F | (2^F − t[k]), where t[k] is the first in-cell position above the boundary inside
+    cell k (2^F: none), so the low sum carries into the count exactly when y is past that boundary. Equal
+    to codec.encode's search except within 2^-F cell of a boundary (|Δy| ≤ 5e-8 for every codebook here)."""
     grid = codec.tables("cpu").grid
-    bits = grid.bound.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return (grid.base.to(torch.int64) << 32) | bits
+    frac = 2**GRID_FRAC_BITS
+    if grid.cells * frac >= 2**31:
+        raise ValueError(
+            f"{grid.cells} search cells do not fit int32 positions with {GRID_FRAC_BITS} fraction bits; "
+            f"lower GRID_FRAC_BITS in kernels/_tables.py"
+        )
+    scale = float(grid.inv_width) * frac  # exactly the f32 value the kernel multiplies by
+    origin = float(grid.offset) * frac
+    lower = torch.arange(grid.cells, dtype=torch.float64) * frac
+    first_above = torch.floor(grid.bound.to(torch.float64) * scale + origin) + 1 - lower
+    t = torch.where(torch.isfinite(first_above), first_above, torch.tensor(float(frac)))
+    t = t.clamp(0, frac).to(torch.int64)
+    return ((grid.base.to(torch.int64) << GRID_FRAC_BITS) + frac - t).to(torch.int32)
 
 
 def _byte_lut(codec: TurboQuantCodec) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Provides:
     unpack_field_major (jit)           packed rows → indices [R, D] in field-major order
     pack_field_major (jit)             field-major indices [R, D] → packed bytes, stored to rows
-    nearest_centroid (jit)             uniform-cell table: number of boundaries strictly below each value
+    nearest_centroid (jit)             fixed-point uniform-cell search: the nearest centroid of each value
     pdl_wait, pdl_launch_dependents (jit)   programmatic dependent launch hooks (no-ops unless PDL)
 
 Field-major order (see _tables.py): position p = k·NG + g holds index j = g·PG + k, where a packed vector
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._tables import GRID_FRAC_BITS
 
 try:  # Triton ≥ 3.3 on CUDA; the hooks are only compiled in with PDL=True (see _backend.pdl_supported)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -89,18 +91,37 @@ def pack_field_major(
         tl.store(ptrs + m * byte_stride, ((word >> (8 * m)) & 0xFF).to(tl.uint8), mask=row_mask[:, None])
 
 
-@triton.jit
-def nearest_centroid(y, grid_ptr, grid_offset, grid_inv_width, cells):
-    """Index of the nearest centroid of each value (the number of boundaries strictly below it), int32.
+def nearest_centroid_asm(frac_bits: int) -> str:
+    """PTX of nearest_centroid: $0 ← index; $1: position (f32), $2: search words (u64 address), $3: last.
+    cvt.rzi.u32 saturates (negative and NaN → 0, above 2^32 − 1 → 2^32 − 1), so one unsigned min clamps."""
+    return " ".join([
+        "{", ".reg .u32 a, i, w;", ".reg .u64 p;", "cvt.rzi.u32.f32 a, $1;", "min.u32 a, a, $3;",
+        f"shr.u32 i, a, {frac_bits};", "mad.wide.u32 p, i, 4, $2;", "ld.global.nc.b32 w, [p];",
+        f"and.b32 a, a, {(1 << frac_bits) - 1};", "add.u32 w, w, a;", f"shr.u32 $0, w, {frac_bits};", "}",
+    ])  # fmt: skip
 
-    One gather per value from the codec's uniform-cell table (_tables.py `grid`): a cell holds at most one
-    boundary, so index = boundaries below the cell + (y > the boundary inside it). Equal to a binary search
-    except where y lies within float rounding of a cell edge and of a boundary.
-    """
-    cell = tl.minimum(tl.maximum(y * grid_inv_width + grid_offset, 0.0), cells - 1).to(tl.int32)
-    word = tl.load(grid_ptr + cell)
-    bound = (word & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-    return (word >> 32).to(tl.int32) + (y > bound).to(tl.int32)
+
+_FRAC = tl.constexpr(GRID_FRAC_BITS)
+_FRAC_MASK = tl.constexpr((1 << GRID_FRAC_BITS) - 1)
+_NEAREST_CENTROID_ASM = tl.constexpr(nearest_centroid_asm(GRID_FRAC_BITS))
+
+
+@triton.jit
+def nearest_centroid(pos, words_ptr, last, ASM: tl.constexpr):
+    """Index of the nearest centroid (int32) of values at positions `pos` (f32) on the codec's cell line, in
+    units of 2^-F cell (F = GRID_FRAC_BITS): one gather from the fixed-point search words (_tables.grid_words)
+    and an add whose carry counts the boundary inside the cell. `last` = cells · 2^F − 1. ASM: in inline PTX
+    (nearest_centroid_asm), which also keeps the layout of `pos` (a tl.load is given a coalesced layout, and
+    converting [R, D] pointers to it costs more than the search); else in tl ops (the interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            _NEAREST_CENTROID_ASM, "=r,f,l,r", [pos, words_ptr.to(tl.int64, bitcast=True), last],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        at = tl.minimum(tl.where(pos > 0, tl.minimum(pos, 2.0e9), 0.0).to(tl.int32), last)  # NaN → 0, as PTX
+        word = tl.load(words_ptr + (at >> _FRAC))
+        return (word + (at & _FRAC_MASK)) >> _FRAC
 
 
 @triton.jit

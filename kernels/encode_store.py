@@ -70,19 +70,21 @@ def tq_encode_store(
         slot_mapping, num_tokens, num_heads,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
         v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
-        k_rot, kt.grid, kt.grid_offset, kt.grid_inv_width, kt.grid.shape[0],
-        v_rot, vt.grid, vt.grid_offset, vt.grid_inv_width, vt.grid.shape[0],
+        k_rot, kt.grid, kt.grid_scale, kt.grid_origin, kt.grid_last,
+        v_rot, vt.grid, vt.grid_scale, vt.grid_origin, vt.grid_last,
         BLOCK_SIZE=k_packed.shape[1], D=head_dim, BT=bt, NPIECE=pieces,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-        UPCAST=interpreting(), TO_F16=key.dtype == torch.bfloat16,
+        UPCAST=interpreting(),
         num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )  # fmt: skip
 
 
 def _rotation_pieces(tables, dtype: torch.dtype) -> torch.Tensor:
-    # 16-bit inputs: the f32 rotation split in two float16 terms gives f32-accurate products on the tensor
-    # cores (bfloat16 rows are scaled into float16 exactly in the kernel); f32 inputs take one IEEE dot.
-    if dtype in (torch.bfloat16, torch.float16):
+    # 16-bit inputs: the f32 rotation split in 16-bit terms of the input's type (three bfloat16, two float16)
+    # gives f32-accurate products on the tensor cores; f32 inputs take one IEEE dot.
+    if dtype == torch.bfloat16:
+        return tables.rot_t_perm_bf16x3
+    if dtype == torch.float16:
         return tables.rot_t_perm_f16x2
     return tables.rot_t_perm.unsqueeze(0)
