@@ -134,6 +134,8 @@ def sweep_configs() -> list[dict]:
     variants = [
         {},
         {"lut_min_wave_fill": 1.0},
+        {"lut_warps": 8, "lut_tile": 16, "lut_maxnreg": 128},
+        {"lut_warps": 16, "lut_tile": 16, "lut_maxnreg": 128},
         {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
         {"lut_warps": 8, "lut_maxnreg": 128},
         {"lut_warps": 8, "lut_maxnreg": None, "lut_programs_per_sm": 1},

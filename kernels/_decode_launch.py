@@ -36,7 +36,7 @@ CONFIG = {
     "lut_min_work": 1 << 18,  # ... and for B · H · max_blocks · block_size ≥ this (below, its 64 KiB table
     # fill per program costs more than it saves: H200, K4V4 1×4K 26 µs vs 20 µs for the Triton kernel)
     "lut_warps": 4,  # its warps per program (a power of two)
-    "lut_tile": 32,  # its tokens per warp and step (32 or 64)
+    "lut_tile": 32,  # its tokens per warp and step (16, 32 or 64)
     "lut_maxnreg": 168,  # its register cap per thread
     "lut_min_wave_fill": 0.9,  # its split planning's `min_wave_fill` (H200, K4V4 16×4K: 57 µs, 62 at 1.0)
     "lut_programs_per_sm": None,  # its programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm:

@@ -5,8 +5,8 @@ split); inside an item the warps walk tiles of W·T tokens, warp w taking tokens
 each with its own online softmax, and each writes its own partial (P = S·W partials per query head). No
 warp waits for another after the table fill.
 
-Per T-token tile (T = 32 or 64) and warp, in the transposed form (tokens and head dims are the M side of the
-MMAs, the G ≤ 8 query heads of the kv head the N side):
+Per T-token tile (T = 16, 32 or 64) and warp, in the transposed form (tokens and head dims are the M side of
+the MMAs, the G ≤ 8 query heads of the kv head the N side):
     Sᵀ [T, 8]   = K̂ [T, 128] · Q̂ᵀ [128, 8]        K̂ straight from registers (dot operand A)
     Oᵀ [128, 8] += V̂ᵀ [128, T] · Pᵀ [T, 8]        V̂ᵀ from registers, Pᵀ by movmatrix from the Sᵀ accumulator
 Centroids come from one 256-entry table of float16 pairs, replicated for the 32 lanes in the first 64 KiB

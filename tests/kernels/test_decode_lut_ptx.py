@@ -161,7 +161,7 @@ def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
     return slots
 
 
-@pytest.mark.parametrize("tile,key_mode,warps", [(32, 4, 4), (32, 8, 8), (64, 4, 4), (64, 9, 8)])
+@pytest.mark.parametrize("tile,key_mode,warps", [(32, 4, 4), (32, 8, 8), (64, 4, 4), (64, 9, 8), (16, 4, 16)])
 def test_staging_slots_fit_and_never_overlap(tile, key_mode, warps):
     """Each piece of every thread has its own slot past the table and inside the kernel's shared memory; the
     copy and the read of a piece use the same slots; a warp's 32 lanes of one piece are contiguous."""
