@@ -17,6 +17,11 @@ from tiercache.kernels._triton_common import nearest_centroid_asm
 WORDS_AT = 0x7F00_0000_1000  # where the emulated search words lie in global memory
 
 
+def search_words(t) -> dict[int, int]:
+    """The table's words as emulated global memory."""
+    return {WORDS_AT + 4 * i: w & 0xFFFFFFFF for i, w in enumerate(t.grid.tolist())}
+
+
 def rotated_values(c: TurboQuantCodec, gen: torch.Generator) -> torch.Tensor:
     """Coordinates of unit vectors, plus every boundary and its neighbourhood, the ends of ±1 and beyond."""
     b = c.boundaries
@@ -31,8 +36,7 @@ def rotated_values(c: TurboQuantCodec, gen: torch.Generator) -> torch.Tensor:
 def test_search_ptx_matches_the_codec(bits, codebook):
     c = TurboQuantCodec(128, bits, seed=1, codebook=codebook)
     t = kernel_tables(c, torch.device("cpu"))
-    words = {WORDS_AT + 4 * i: w & 0xFFFFFFFF for i, w in enumerate(t.grid.tolist())}
-    last = t.grid_last
+    words = search_words(t)
     y = rotated_values(c, torch.Generator().manual_seed(bits))
     want = c.tables(torch.device("cpu")).quantize(y.clone()).tolist()
     # the kernel's position: one fused multiply-add in f32 (products of two f32 are exact in f64)
@@ -40,7 +44,7 @@ def test_search_ptx_matches_the_codec(bits, codebook):
     near = (y.double()[:, None] - c.boundaries.double()).abs().min(1).values < 1e-6
     asm = nearest_centroid_asm(GRID_FRAC_BITS)
     for i, p in enumerate(pos):
-        got = run_ptx(asm, {"$1": p, "$2": WORDS_AT, "$3": last}, global_words=words)["$0"]
+        got = run_ptx(asm, {"$1": p, "$2": WORDS_AT, "$3": t.grid_last}, global_words=words)["$0"]
         assert 0 <= got < 2**bits
         if not near[i]:
             assert got == want[i], f"y = {y[i].item()!r}: index {got}, codec.encode {want[i]}"
@@ -49,10 +53,8 @@ def test_search_ptx_matches_the_codec(bits, codebook):
 def test_search_ptx_keeps_nan_in_range():
     c = TurboQuantCodec(128, 8, seed=1)
     t = kernel_tables(c, torch.device("cpu"))
-    words = {WORDS_AT + 4 * i: w & 0xFFFFFFFF for i, w in enumerate(t.grid.tolist())}
-    last = t.grid_last
-    got = run_ptx(nearest_centroid_asm(GRID_FRAC_BITS), {"$1": float("nan"), "$2": WORDS_AT, "$3": last},
-                  global_words=words)["$0"]  # fmt: skip
+    operands = {"$1": float("nan"), "$2": WORDS_AT, "$3": t.grid_last}
+    got = run_ptx(nearest_centroid_asm(GRID_FRAC_BITS), operands, global_words=search_words(t))["$0"]
     assert 0 <= got < 256
 
 
