@@ -36,12 +36,12 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ._decode_lut_ptx import K8U_ASM, fill_asm, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
+from ._decode_lut_ptx import fill_asm, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
 
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
 __all__ = [
-    "K8U_ASM", "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm",
+    "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm",
 ]  # fmt: skip
 
 

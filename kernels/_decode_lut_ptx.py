@@ -1,6 +1,7 @@
 """PTX text of the Gluon decode kernel (_decode_lut_kernel.py): centroid lookups from its shared-memory
-table, the uniform 8-bit key conversion, and the staging of packed words through shared memory. The CPU
-tests emulate the lookup text lane by lane and check the staging slots (tests/kernels/test_decode_lut_ptx.py).
+table and the staging of packed words through shared memory (uniform 8-bit keys: _tables.UNIFORM8_ASM).
+The CPU tests emulate the lookup text lane by lane and check the staging slots
+(tests/kernels/test_decode_lut_ptx.py).
 """
 
 from __future__ import annotations
@@ -80,16 +81,6 @@ def k8_asm(offset: int) -> str:
         lines += [*_lookup("$2", 2 * pair, offset, "x"), *_lookup("$2", 2 * pair + 1, offset, "y")]
         lines.append(f"prmt.b32 ${pair}, x, y, 0x5410;")
     return " ".join([*lines, "}"])
-
-
-# One word of 8-bit indices k ($2; $3: the same word, $4, $5: unused) → k − 128 as packed float16 pairs $0
-# (bytes 0, 1) and $1 (bytes 2, 3), exactly: `prmt` writes each byte under the float16 exponent of 1024
-# (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it.
-K8U_ASM = " ".join([
-    "{", ".reg .b32 m, c;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
-    "prmt.b32 $0, $2, m, 0x4140;", "prmt.b32 $1, $2, m, 0x4342;", "sub.f16x2 $0, $0, c;",
-    "sub.f16x2 $1, $1, c;", "}",
-])  # fmt: skip
 
 
 # Staging, in PTX the compiler does not see: its barrier analysis would put a CTA barrier around every tile,

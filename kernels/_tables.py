@@ -200,10 +200,12 @@ def uniform_step(codebook: torch.Tensor) -> float | None:
     return step if err <= 2 * torch.finfo(torch.float32).eps * c.abs().max().item() else None
 
 
-# tl.inline_asm_elementwise(pack=4), one float16 output: 4 bytes of 8-bit indices k ($2) → k − 128 as float16
-# ($0: bytes 0–1, $1: bytes 2–3, low half first), exactly. `prmt` writes each byte under the float16 exponent
-# of 1024 (0x64XX = 1024 + k), one subtraction of 1152 per pair centres it. The decode kernel multiplies the
-# query by the codebook step and adds step · 0.5 · Σ q to the scores: Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2).
+# One word of 8-bit indices k ($2) → k − 128 as two packed float16 pairs ($0: bytes 0–1, $1: bytes 2–3, low
+# half first), exactly. `prmt` writes each byte under the float16 exponent of 1024 (0x64XX = 1024 + k), one
+# subtraction of 1152 per pair centres it. The Triton perfield kernel calls it with pack=4 over uint8 indices;
+# the Gluon kernel with pack=2 over a duplicated word axis ($3: the same word, $4, $5: its probe, unused).
+# The decode kernels multiply the query by the codebook step and add step · 0.5 · Σ q to the scores:
+# Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2).
 UNIFORM8_ASM = " ".join([
     "{", ".reg .b32 m, c, h0, h1;", "mov.b32 m, 0x64646464;", "mov.b32 c, 0x64806480;",
     "prmt.b32 h0, $2, m, 0x4140;", "prmt.b32 h1, $2, m, 0x4342;",

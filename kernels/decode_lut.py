@@ -9,7 +9,7 @@ import torch
 
 from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries
-from ._tables import decode_lut_table, kernel_tables
+from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
 
 HAVE_GLUON = False
 if HAVE_TRITON:
@@ -113,7 +113,7 @@ def launch_lut(
     q = query if query.stride(-1) == 1 else query.contiguous()
     rotate_queries(q, kt.rot_t, workspace.q_rot_f16, num_kv_heads, scale)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
-    k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else _lut.K8U_ASM
+    k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
     items = batch * num_kv_heads * splits
     split_tokens = step * -(-max_tokens // (splits * step))

@@ -11,7 +11,7 @@ from kernel_cases import codec
 from ptx_emulation import run_ptx
 
 from tiercache.kernels import decode_lut
-from tiercache.kernels._tables import decode_lut_table, f16_byte_lut, f16_pair_lut
+from tiercache.kernels._tables import UNIFORM8_ASM, decode_lut_table, f16_byte_lut, f16_pair_lut
 
 if not decode_lut.HAVE_GLUON:
     pytest.skip("this Triton has no Gluon", allow_module_level=True)
@@ -74,7 +74,7 @@ def test_k8_lookup_and_uniform_keys():
         operands = {"$2": word, "$3": word, "$4": 0, "$5": 0}
         regs = run_ptx(lut.k8_asm(k_off), operands, i % 32, shared)
         assert [*halves(regs["$0"]), *halves(regs["$1"])] == [cb[(word >> (8 * b)) & 0xFF] for b in range(4)]
-        regs = run_ptx(lut.K8U_ASM, operands, i % 32, shared)
+        regs = run_ptx(UNIFORM8_ASM, operands, i % 32, shared)
         got = np.array([*halves(regs["$0"]), *halves(regs["$1"])], dtype=np.uint16).view(np.float16)
         assert [float(x) for x in got] == [((word >> (8 * b)) & 0xFF) - 128 for b in range(4)]
 
