@@ -23,7 +23,7 @@ def _encode_heads(
     p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
     n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
     rot_ptr,  # rotation pieces [NPIECE, D, D] (16-bit: the input's dtype; f32: one piece)
-    grid_ptr, grid_scale, grid_origin, grid_last,  # the codec's nearest-centroid search (_tables.grid_words)
+    grid_ptr, grid_scale, grid_origin, grid_last,  # the codec's nearest-centroid search (_tables.search_line)
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip

@@ -55,7 +55,7 @@ class KernelTables:
     codebook: torch.Tensor  # [2**bits] f32
     codebook_f16: torch.Tensor  # [2**bits] f16
     codebook_bf16: torch.Tensor  # [2**bits] bf16
-    grid: torch.Tensor  # [cells] int32: the nearest-centroid search words, see grid_words
+    grid: torch.Tensor  # [cells] int32: the nearest-centroid search words, see search_line
     grid_scale: float  # y's position on the cell line (2^-GRID_FRAC_BITS cells): y · grid_scale + grid_origin
     grid_origin: float
     grid_last: int  # cells · 2^GRID_FRAC_BITS − 1, the last position on the search line
@@ -67,7 +67,7 @@ class KernelTables:
 
 
 _CACHE: dict[tuple[str, torch.device], KernelTables] = {}
-GRID_FRAC_BITS = 20  # fixed-point bits of a position inside a search cell (grid_words)
+GRID_FRAC_BITS = 20  # fixed-point bits of a position inside a search cell (search_line)
 
 
 def kernel_tables(codec: TurboQuantCodec, device: torch.device | str) -> KernelTables:
@@ -90,6 +90,7 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
     rot_t_perm = rot.t()[:, perm].contiguous()
     rot_perm = rot[perm, :].contiguous()
     cb = codec.codebook
+    words, scale, origin, last = search_line(codec)
     return KernelTables(
         bits=codec.bits,
         head_dim=d,
@@ -105,10 +106,10 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         codebook=cb.to(device),
         codebook_f16=cb.to(torch.float16).to(device),
         codebook_bf16=cb.to(torch.bfloat16).to(device),
-        grid=grid_words(codec).to(device),
-        grid_scale=float(codec.tables("cpu").grid.inv_width) * 2**GRID_FRAC_BITS,
-        grid_origin=float(codec.tables("cpu").grid.offset) * 2**GRID_FRAC_BITS,
-        grid_last=(codec.tables("cpu").grid.cells << GRID_FRAC_BITS) - 1,
+        grid=words.to(device),
+        grid_scale=scale,
+        grid_origin=origin,
+        grid_last=last,
         rot_t=rot.t().contiguous().to(device),
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
@@ -117,11 +118,12 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
     )
 
 
-def grid_words(codec: TurboQuantCodec) -> torch.Tensor:
-    """The codec's uniform-cell search table (codec._UniformGrid) as one int32 word per cell, for a search
-    in fixed point. With U the position of y on the cell line in units of 2^-F cell (F = GRID_FRAC_BITS),
-    U = y · inv_width · 2^F + offset · 2^F (exactly 2^F times the codec's cell coordinate), clamped to
-    [0, cells · 2^F − 1]:
+def search_line(codec: TurboQuantCodec) -> tuple[torch.Tensor, float, float, int]:
+    """The codec's uniform-cell search table (codec._UniformGrid) for a search in fixed point: (words: one
+    int32 per cell, scale, origin, last), the KernelTables grid fields. With F = GRID_FRAC_BITS, the position
+    of y on the cell line in units of 2^-F cell is U = y · scale + origin (scale = inv_width · 2^F and
+    origin = offset · 2^F: exactly 2^F times the codec's cell coordinate), clamped to
+    [0, last = cells · 2^F − 1];
         index = (word[U >> F] + (U & (2^F − 1))) >> F
     word[k] = (base[k] << F) + 2^F − t[k], where t[k] is the first in-cell position above the boundary inside
     cell k (2^F: none), so the low sum carries into the count exactly when y is past that boundary. Equal
@@ -134,13 +136,14 @@ def grid_words(codec: TurboQuantCodec) -> torch.Tensor:
             f"{grid.cells} search cells do not fit int32 positions with {GRID_FRAC_BITS} fraction bits; "
             f"lower GRID_FRAC_BITS in kernels/_tables.py"
         )
-    scale = float(grid.inv_width) * frac  # exactly the f32 value the kernel multiplies by
+    scale = float(grid.inv_width) * frac  # exact: f32 times a power of two
     origin = float(grid.offset) * frac
     lower = torch.arange(grid.cells, dtype=torch.float64) * frac
     first_above = torch.floor(grid.bound.to(torch.float64) * scale + origin) + 1 - lower
     t = torch.where(torch.isfinite(first_above), first_above, torch.tensor(float(frac)))
     t = t.clamp(0, frac).to(torch.int64)
-    return ((grid.base.to(torch.int64) << GRID_FRAC_BITS) + frac - t).to(torch.int32)
+    words = ((grid.base.to(torch.int64) << GRID_FRAC_BITS) + frac - t).to(torch.int32)
+    return words, scale, origin, grid.cells * frac - 1
 
 
 def _byte_lut(codec: TurboQuantCodec) -> torch.Tensor:

@@ -109,10 +109,11 @@ _NEAREST_CENTROID_ASM = tl.constexpr(nearest_centroid_asm(GRID_FRAC_BITS))
 @triton.jit
 def nearest_centroid(pos, words_ptr, last, ASM: tl.constexpr):
     """Index of the nearest centroid (int32) of values at positions `pos` (f32) on the codec's cell line, in
-    units of 2^-F cell (F = GRID_FRAC_BITS): one gather from the fixed-point search words (_tables.grid_words)
-    and an add whose carry counts the boundary inside the cell. `last` = cells · 2^F − 1. ASM: in inline PTX
-    (nearest_centroid_asm), which also keeps the layout of `pos` (a tl.load is given a coalesced layout, and
-    converting [R, D] pointers to it costs more than the search); else in tl ops (the interpreter)."""
+    units of 2^-F cell (F = GRID_FRAC_BITS): one gather from the fixed-point search words
+    (_tables.search_line) and an add whose carry counts the boundary inside the cell; `last` = cells·2^F − 1.
+    ASM: in inline PTX (nearest_centroid_asm), which also keeps the layout of `pos` (a tl.load is given a
+    coalesced layout, and converting [R, D] pointers to it costs more than the search); else in tl ops (the
+    interpreter)."""
     if ASM:
         return tl.inline_asm_elementwise(
             _NEAREST_CENTROID_ASM, "=r,f,l,r", [pos, words_ptr.to(tl.int64, bitcast=True), last],

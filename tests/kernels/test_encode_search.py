@@ -1,4 +1,4 @@
-"""The encode kernel's nearest-centroid search: the fixed-point search words (_tables.grid_words) and the
+"""The encode kernel's nearest-centroid search: the fixed-point search words (_tables.search_line) and the
 PTX that reads them (which only a GPU runs, emulated here per value), against the codec's own search."""
 
 import numpy as np
@@ -59,7 +59,7 @@ def test_search_ptx_keeps_nan_in_range():
 
 
 def test_search_words_fit_every_codebook():
-    """Positions are int32: cells · 2^GRID_FRAC_BITS stays below 2^31 (grid_words checks it too)."""
+    """Positions are int32: cells · 2^GRID_FRAC_BITS stays below 2^31 (search_line checks it too)."""
     for bits in (2, 3, 4, 8):
         for codebook in ("lloyd", "uniform"):
             for head_dim in (64, 128, 256):
