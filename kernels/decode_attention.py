@@ -136,9 +136,9 @@ def tq_decode_attention(
         workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)
     _check_workspace(workspace, query)
     group = num_q_heads // num_kv_heads
-    work = batch * num_kv_heads * block_tables.shape[1] * block_size
+    max_tokens = block_tables.shape[1] * block_size
     lut_mode = 0
-    if work >= CONFIG["lut_min_work"]:
+    if batch * num_kv_heads * max_tokens >= CONFIG["lut_min_work"]:
         lut_mode = lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size)
     if lut_mode:
         try:
@@ -147,10 +147,10 @@ def tq_decode_attention(
         except LutUnsupported as err:  # this Triton compiles the kernel differently: use the Triton kernels
             CONFIG["lut_kernel"] = False
             _LOG.warning("decode: %s; falling back to the Triton kernels (CONFIG['lut_kernel'] = False)", err)
-    splits = plan_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+    splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device)
     check_capacity(workspace, splits)
     tile = CONFIG["tile"]
-    tiles = -(-block_tables.shape[1] * block_size // tile)
+    tiles = -(-max_tokens // tile)
     split_tokens = tile * -(-tiles // splits)
     kt, vt = kernel_tables(k_codec, query.device), kernel_tables(v_codec, query.device)
     ieee = query.dtype == torch.float32
