@@ -133,12 +133,14 @@ def sweep_configs() -> list[dict]:
     base = dict(decode_module.CONFIG)
     variants = [
         {},
+        {"lut_tma": False},  # staging by cp.async
+        {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168, "lut_tma": False},  # the default before TMA
         {"lut_min_wave_fill": 1.0},
-        {"lut_warps": 8, "lut_tile": 16, "lut_maxnreg": 128},
+        {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
         {"lut_warps": 16, "lut_tile": 16, "lut_maxnreg": 128},
         {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
-        {"lut_warps": 8, "lut_maxnreg": 128},
-        {"lut_warps": 8, "lut_maxnreg": None, "lut_programs_per_sm": 1},
+        {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
+        {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": None, "lut_programs_per_sm": 1},
     ]
     return [BEFORE] + [{**base, **change} for change in variants]
 

@@ -35,9 +35,10 @@ CONFIG = {
     "lut_kernel": True,  # the Gluon kernel (_decode_lut_kernel) where it applies, see decode_lut.lut_mode_of
     "lut_min_work": 1 << 18,  # ... and for B · H · max_blocks · block_size ≥ this (below, its 64 KiB table
     # fill per program costs more than it saves: H200, K4V4 1×4K 26 µs vs 20 µs for the Triton kernel)
-    "lut_warps": 4,  # its warps per program (a power of two)
-    "lut_tile": 32,  # its tokens per warp and step (16, 32 or 64)
-    "lut_maxnreg": 168,  # its register cap per thread
+    "lut_warps": 8,  # its warps per program (a power of two)
+    "lut_tile": 16,  # its tokens per warp and step (16, 32 or 64)
+    "lut_maxnreg": 128,  # its register cap per thread (128: 2 programs of 8 warps per SM, no spills)
+    "lut_tma": True,  # its packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)
     "lut_min_wave_fill": 0.9,  # its split planning's `min_wave_fill` (H200, K4V4 16×4K: 57 µs, 62 at 1.0)
     "lut_programs_per_sm": None,  # its programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm:
     # 2 on an H200, shared memory 64 KiB + warps · tile · 128 or 192 bytes)

@@ -16,9 +16,12 @@ address from a packed byte and a lookup never has a bank conflict.
 first paired into one byte, so an entry is the (token 2t, token 2t+1) pair operand A needs. 8-bit keys:
 one lookup per byte (Lloyd-Max, second table) or, for a symmetric uniform codebook, arithmetic (k − 128
 as float16, the step folded into the query).
-The packed words of tile i + 1 are copied into shared memory (cp.async, in PTX the compiler does not see:
-each thread copies and reads back only its own pieces, so no barrier) while tile i is computed; the norms of
-tile i + 1 and the block ids of tile i + 2 are loaded then too. Block ids are loaded once per block piece
+The packed words of tile i + 1 are copied into shared memory while tile i is computed, in PTX the compiler
+does not see: on sm_90+ (TMA) as boxes of one block piece and kv head each, issued by a few lanes of the warp
+and completing on the warp's own mbarrier, the tokens in the slot order π (_tile_perm) that keeps the reads
+of the swizzled boxes free of bank conflicts; else by cp.async, each thread copying and reading back only its
+own pieces. Either way no warp waits for another. The norms of tile i + 1 and the block ids of tile i + 2 are
+loaded then too. Block ids are loaded once per block piece
 and broadcast to the tokens (the piece index is a register dimension of every layout).
 Each thread holds whole words of packed bytes; the coordinates a thread's words hold are relabelled (joins,
 a permute and a reshape, checked trivial by the compiler) so that they are exactly its operand fragment.
@@ -37,11 +40,23 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
-from ._decode_lut_ptx import fill_asm, k4_asm, k8_asm, shared_bytes, staging_asm, v4_asm
+from ._decode_lut_ptx import (
+    fill_asm,
+    k4_asm,
+    k8_asm,
+    shared_bytes,
+    staging_asm,
+    tma_init_asm,
+    tma_shared_bytes,
+    tma_stage_asm,
+    tma_unstage_asm,
+    v4_asm,
+)
 
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
 __all__ = [
-    "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "v4_asm",
+    "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "tma_init_asm",
+    "tma_shared_bytes", "tma_stage_asm", "tma_unstage_asm", "v4_asm",
 ]  # fmt: skip
 
 
@@ -65,6 +80,7 @@ def _value_piece_layout(W, T):
 
 
 _shared_bytes = constexpr_function(shared_bytes)
+_tma_shared_bytes = constexpr_function(tma_shared_bytes)
 _fill_asm = constexpr_function(fill_asm)
 
 
@@ -238,6 +254,48 @@ def _unstage_tile(
 
 
 @gluon.jit
+def _tile_perm(m):
+    """Slot order of a tile's tokens: MMA token m (row of Sᵀ, column of V̂ᵀ) is token π(m) of the tile, π
+    permuting each 8 as 0 3 1 2 4 7 5 6, so that the TMA path's reads of swizzled slots meet distinct banks
+    (the two tokens a quarter warp reads differ in parity; the four a half warp reads for values differ in
+    bits 0 and 2)."""
+    return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
+
+
+@gluon.jit
+def _tma_stage(
+    t0, end, h, bid, box_tok, box_key, box_dst, k_map, v_map,
+    BLOCK_SIZE: gl.constexpr, STEP: gl.constexpr, ROWS: gl.constexpr, K_BYTES: gl.constexpr,
+    STAGE: gl.constexpr,
+):  # fmt: skip
+    """Issue a tile's TMA boxes [W, 32] (lane j: box j, of ROWS tokens from token t0 + box_tok, keys where
+    box_key; box_dst < 0: no box; bid: the boxes' block ids) and arrive on the warps' mbarriers."""
+    t = t0 + box_tok
+    offset = _in_block(t, box_tok, BLOCK_SIZE, STEP)
+    size = gl.where((t < end) & (box_dst >= 0), gl.where(box_key, K_BYTES, 64) * ROWS, 0)
+    tmap = gl.where(box_key, k_map, v_map)
+    gl.inline_asm_elementwise(
+        STAGE, "=r,l,r,r,r,r,r", [tmap, h + box_tok * 0, offset, bid, box_dst, size], gl.int32, False, 1
+    )
+
+
+@gluon.jit
+def _tma_unstage_tile(
+    k_read, parity, v_read, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr,
+    K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
+):  # fmt: skip
+    """Wait for the warp's boxes (mbarrier phase `parity`), then read its pieces at the shared offsets k_read
+    [W, T, KW/4] and v_read [W, T, 8]: key words [W, T, KW], value words [W, T, 16]."""
+    k_cons: gl.constexpr = _constraints("rrrr", "rr", KPT)
+    k0, k1, k2, k3 = gl.inline_asm_elementwise(
+        K_UNSTAGE, k_cons, [k_read, parity], (gl.int32,) * 4, False, KPT
+    )
+    v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
+    v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_read], (gl.int32,) * 2, False, T // 4)
+    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), gl.reshape(gl.join(v0, v1), [W, T, 16])
+
+
+@gluon.jit
 def _tile_norms(
     t0, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
     BLOCK_SIZE: gl.constexpr, SCORE_ROWS: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
@@ -263,6 +321,7 @@ def _decode_lut_kernel(
     vp_ptr, svp_b, svp_o: gl.constexpr, svp_h: gl.constexpr,
     vn_ptr, svn_b, svn_o: gl.constexpr, svn_h: gl.constexpr,
     lut_ptr,  # [256, 2] int32: the two tables' entries
+    k_map, v_map,  # TMA: global addresses of the caches' tensor maps (boxes of [1, rows, 1, Pk or Pv] bytes)
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
     po_ptr, pl_ptr,  # partial out [B, Hq, P, 128] f32 (natural order), partial lse [B, Hq, P] f32
     H, Hq, G, S, P, split_tokens, num_items, max_blocks, k_step,  # P: room for partials per head ≥ S·W
@@ -270,6 +329,7 @@ def _decode_lut_kernel(
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
+    TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
@@ -290,12 +350,10 @@ def _decode_lut_kernel(
 
     # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
     # offset 0, then the staging slots, which only the staging PTX touches.
-    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE)
+    SMEM: gl.constexpr = _tma_shared_bytes(W, T, K_MODE) if TMA else _shared_bytes(W, T, K_MODE)
     gl.static_assert(SMEM % 8192 == 0)
     buf = gl.allocate_shared_memory(
-        gl.int32,
-        [SMEM // 8192, 64, 32],
-        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+        gl.int32, [SMEM // 8192, 64, 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     )
     # The fill: rows of 32 words, row r holding entry r >> 1 of table r & 1 (the [256, 2] table is row-major),
     # thread i writing rows i + 32·W·j in inline PTX; the compiler sees a second fill of the first 64 rows
@@ -315,15 +373,46 @@ def _decode_lut_kernel(
     kc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, KC)))
     kc_m = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, KC)))
     kc_c = gl.arange(0, KW // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, KC)))
-    k_tok = kc_w[:, None] * T + kc_m[None, :]  # [W, T]
+    k_tok = kc_w[:, None] * T + _tile_perm(kc_m)[None, :]  # [W, T]
     k_word = 4 * kc_c[None, None, :]
     k_any = gl.full([W, T, KW // 4], 0, gl.int32, KC)
     vc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, VC)))
     vc_t = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, VC)))
     vc_c = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, VC)))
-    v_tok = vc_w[:, None] * T + vc_t[None, :]
+    v_tok = vc_w[:, None] * T + _tile_perm(vc_t)[None, :]
     v_word = 2 * vc_c[None, None, :]
     v_any = gl.full([W, T, 8], 0, gl.int32, VC)
+    if TMA:
+        # the boxes [W, 32] of ROWS tokens: lane j < R_BOX: key box j, R_BOX ≤ j < 2·R_BOX: value box j − R
+        ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
+        R_BOX: gl.constexpr = T // ROWS
+        PK: gl.constexpr = 4 * KW
+        WARP_BYTES: gl.constexpr = T * (PK + 64)
+        BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
+        bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
+        bx_j = gl.arange(0, 32, layout=gl.SliceLayout(0, BXL))[None, :]
+        box_key = bx_j < R_BOX
+        box_row = (bx_j % R_BOX) * ROWS  # the box's first token in the warp's T
+        box_tok = bx_w * T + box_row
+        box_slot = gl.where(box_key, box_row * PK, T * PK + box_row * 64)
+        box_dst = gl.where(bx_j < 2 * R_BOX, LUT_BYTES + bx_w * WARP_BYTES + box_slot, -1)
+        # the read-back offsets of the pieces the threads hold (the TMA swizzle undone)
+        k_pt = _tile_perm(kc_m)[None, :, None]
+        k_swz = (k_pt >> 1) & 3 if K_MODE == 4 else k_pt & 7
+        k_read = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PK + (kc_c[None, None, :] ^ k_swz) * 16
+        v_pt = _tile_perm(vc_t)[None, :, None]
+        v_chunk = (vc_c[None, None, :] >> 1) ^ ((v_pt >> 1) & 3)
+        v_read = (
+            LUT_BYTES
+            + vc_w[:, None, None] * WARP_BYTES
+            + T * PK
+            + v_pt * 64
+            + v_chunk * 16
+            + (vc_c[None, None, :] & 1) * 8
+        )
+        init_threads = gl.arange(0, 32 * W, layout=gl.BlockedLayout([1], [32], [W], [0]))
+        gl.inline_asm_elementwise(V_STAGE, "=r,r", [init_threads], gl.int32, False, 1)
+        staged = gl.program_id(0) * 0  # TMA stages issued (the mbarrier phase of the next one)
     # a warp's T tokens lie in NBT block pieces (first tokens b_tok)
     NBT: gl.constexpr = T // BLOCK_SIZE if BLOCK_SIZE < T else 1
     BL: gl.constexpr = gl.SliceLayout(2, gl.reshape(k_tok, [W, NBT, T // NBT]).type.layout)
@@ -363,23 +452,43 @@ def _decode_lut_kernel(
         # the pipeline: tile i's words are copied into the staging slots and its norms loaded during tile
         # i − 1, and the block ids of tile i + 1 during tile i − 1 too
         bid = _tile_blocks(start, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
-        _stage_tile(
-            start, end, h, bid, k_tok, k_word, v_tok, v_word,
-            kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
-            K_STAGE, V_STAGE, KPT,
-        )  # fmt: skip
+        if TMA:
+            box_bid = _tile_blocks(start, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+            _tma_stage(
+                start, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map, BLOCK_SIZE, STEP, ROWS, PK,
+                K_STAGE,
+            )  # fmt: skip
+            staged += 1
+            box_bid = _tile_blocks(start + STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+        else:
+            _stage_tile(
+                start, end, h, bid, k_tok, k_word, v_tok, v_word,
+                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
+                K_STAGE, V_STAGE, KPT,
+            )  # fmt: skip
         kn, vn, sv = _tile_norms(
             start, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
             BLOCK_SIZE, SCORE_ROWS, W, T, NBT,
         )  # fmt: skip
         bid = _tile_blocks(start + STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
         for t0 in range(start, end, STEP):
-            kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT)
-            _stage_tile(
-                t0 + STEP, end, h, bid, k_tok, k_word, v_tok, v_word,
-                kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
-                K_STAGE, V_STAGE, KPT,
-            )  # fmt: skip
+            if TMA:  # wait for the phase of the last stage
+                kwords, vwords = _tma_unstage_tile(
+                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT
+                )
+                _tma_stage(
+                    t0 + STEP, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map,
+                    BLOCK_SIZE, STEP, ROWS, PK, K_STAGE,
+                )  # fmt: skip
+                staged += 1
+                box_bid = _tile_blocks(t0 + 2 * STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+            else:
+                kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT)
+                _stage_tile(
+                    t0 + STEP, end, h, bid, k_tok, k_word, v_tok, v_word,
+                    kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
+                    K_STAGE, V_STAGE, KPT,
+                )  # fmt: skip
             kn_next, vn_next, sv_next = _tile_norms(
                 t0 + STEP, end, h, bid, k_tok, kn_ptr, skn_b, skn_o, skn_h, vn_ptr, svn_b, svn_o, svn_h,
                 BLOCK_SIZE, SCORE_ROWS, W, T, NBT,

@@ -136,3 +136,75 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
         _unstage_asm(0, 16, kp, warp_bytes, wait=True),
         _unstage_asm(key_bytes, 8, vp, warp_bytes, wait=False),
     )
+
+
+# TMA staging (sm_90+): each warp's tiles arrive as TMA boxes (one block piece of one kv head: R = min(block
+# size, tile) tokens × the packed bytes), issued by lane j for box j, completing on the warp's mbarrier;
+# every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
+# bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
+# (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
+# (8 bytes per warp) follow the slots.
+def tma_warp_bytes(tile: int, key_mode: int) -> int:
+    return tile * ((64 if key_mode == 4 else 128) + 64)
+
+
+def tma_shared_bytes(warps: int, tile: int, key_mode: int) -> int:
+    """The kernel's shared memory with TMA staging: the table, the warps' slots and mbarriers, in 8 KiB
+    chunks."""
+    return -(-(LUT_BYTES + warps * (tile * ((64 if key_mode == 4 else 128) + 64) + 8)) // 8192) * 8192
+
+
+def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
+    """m ← the shared address of this warp's mbarrier; s ← global_smem."""
+    start = LUT_BYTES + warps * tma_warp_bytes(tile, key_mode)
+    return [
+        "mov.u32 s, global_smem;", "mov.u32 m, %tid.x;", "shr.u32 m, m, 5;", "shl.b32 m, m, 3;",
+        "add.u32 m, m, s;", f"add.u32 m, m, {start};",
+    ]  # fmt: skip
+
+
+@functools.cache
+def tma_init_asm(warps: int, tile: int, key_mode: int) -> str:
+    """Lane 0 of each warp initialises its mbarrier for 32 arrivals, then the warp syncs ($0: unused)."""
+    return " ".join([
+        "{", ".reg .b32 s, m, l;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode),
+        "mov.u32 l, %laneid;", "setp.eq.u32 p, l, 0;", "@p mbarrier.init.shared::cta.b64 [m], 32;",
+        "fence.mbarrier_init.release.cluster;", "bar.warp.sync -1;", "mov.b32 $0, 0;", "}",
+    ])  # fmt: skip
+
+
+@functools.cache
+def tma_stage_asm(warps: int, tile: int, key_mode: int) -> str:
+    """One lane's TMA box of a tile and its arrival on the warp's mbarrier expecting the box's bytes ($1: the
+    tensor map's global address; $2, $3, $4: the box's head, offset in its block and block coordinates;
+    $5: its shared offset from global_smem; $6: its bytes, 0 for no box; $0: unused). The proxy fence and
+    the warp sync order every lane's earlier reads of the slots before the boxes overwrite them."""
+    return " ".join([
+        "{", ".reg .b32 s, m, x, z;", ".reg .pred p;", ".reg .b64 st;", *_mbarrier(warps, tile, key_mode),
+        "fence.proxy.async.shared::cta;", "bar.warp.sync -1;", "mov.u32 z, 0;",
+        "mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], $6;", "setp.ne.u32 p, $6, 0;",
+        "add.u32 x, $5, s;",
+        "@p cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [x], [$1, {z, $2, $3, $4}], [m];",
+        "mov.b32 $0, 0;", "}",
+    ])  # fmt: skip
+
+
+@functools.cache
+def tma_unstage_asm(warps: int, tile: int, key_mode: int) -> tuple[str, str]:
+    """(keys, values) read-back PTX. Keys: waits for the phase of parity $5n of this warp's mbarrier, then
+    reads 16-byte piece p at shared offset $4n + p into $p, $n + p, $2n + p, $3n + p (n: key pieces per
+    thread). Values: 8-byte piece p at offset $2n + p into $p, $n + p (n: value pieces per thread); no wait
+    (the keys' wait covers the tile). Offsets are from global_smem."""
+    n = (1 if key_mode == 4 else 2) * tile // 8
+    keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode),
+            "WAIT_${:uid}:", f"mbarrier.try_wait.parity.shared::cta.b64 p, [m], ${5 * n};",
+            "@!p bra WAIT_${:uid};"]  # fmt: skip
+    for p in range(n):
+        regs = ", ".join(f"${k * n + p}" for k in range(4))
+        keys += [f"add.u32 b, ${4 * n + p}, s;", f"ld.shared.v4.b32 {{{regs}}}, [b];"]
+    n = tile // 4
+    values = ["{", ".reg .b32 s, b;", "mov.u32 s, global_smem;"]
+    for p in range(n):
+        values += [f"add.u32 b, ${2 * n + p}, s;", f"ld.shared.v2.b32 {{${p}, ${n + p}}}, [b];"]
+    return " ".join([*keys, "}"]), " ".join([*values, "}"])

@@ -4,13 +4,16 @@ planning, and one call (query rotation, the split kernel, the merge)."""
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
 from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries
 from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
+from ._tensor_map import box_map
 
+_LOG = logging.getLogger(__name__)
 HAVE_GLUON = False
 if HAVE_TRITON:
     try:  # Gluon is experimental: a Triton without it (or with another API) keeps the Triton kernels
@@ -63,9 +66,32 @@ def lut_programs_per_sm(device: torch.device, key_mode: int) -> int:
         return CONFIG["lut_programs_per_sm"]
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
     smem_sm, threads_sm = _sm_limits(cuda_index(device))
-    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode) + 1024)
+    by_smem = smem_sm // (_shared_bytes(warps, tile, key_mode, _tma_capable(device)) + 1024)
     regs = -(-(CONFIG["lut_maxnreg"] or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
     return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
+
+
+def _shared_bytes(warps: int, tile: int, key_mode: int, tma: bool) -> int:
+    return (_lut.tma_shared_bytes if tma else _lut.shared_bytes)(warps, tile, key_mode)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Whether the kernel stages by TMA on `device` (sm_90+, CONFIG's `lut_tma`), for caches that allow it."""
+    return bool(CONFIG["lut_tma"]) and _capability(cuda_index(device)) >= (9, 0)
+
+
+def _use_tma(k_packed: torch.Tensor, v_packed: torch.Tensor) -> bool:
+    """TMA staging: on sm_90+ where both caches' addresses and strides are 16-byte aligned (else cp.async)."""
+    return _tma_capable(k_packed.device) and _aligned_words(k_packed, 16) and _aligned_words(v_packed, 16)
+
+
+def _tensor_maps(k_packed: torch.Tensor, v_packed: torch.Tensor, rows: int) -> tuple[int, int] | None:
+    """The device addresses of the caches' tensor maps; None (stage by cp.async) where the driver refuses."""
+    try:
+        return box_map(k_packed, rows).data_ptr(), box_map(v_packed, rows).data_ptr()
+    except (OSError, AttributeError, RuntimeError) as err:
+        _LOG.warning("decode: no TMA tensor map (%s); staging by cp.async", err)
+        return None
 
 
 @functools.cache
@@ -117,23 +143,29 @@ def launch_lut(
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
     items = batch * num_kv_heads * splits
     split_tokens = step * -(-max_tokens // (splits * step))
+    maps = _tensor_maps(k_packed, v_packed, min(block_size, tile)) if _use_tma(k_packed, v_packed) else None
+    tma = maps is not None
+    if tma:  # stage: the boxes, the mbarrier init, the key and value read-backs
+        init, unstage = _lut.tma_init_asm(warps, tile, key_mode), _lut.tma_unstage_asm(warps, tile, key_mode)
+        stage = (_lut.tma_stage_asm(warps, tile, key_mode), init, *unstage)
+    else:
+        maps, stage = (0, 0), _lut.staging_asm(tile, key_mode)
     args = (
         workspace.q_rot_f16, kw, *kw.stride()[:3], k_norms, *k_norms.stride(),
-        vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table,
+        vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table, *maps,
         block_tables, *block_tables.stride(), context_lens, workspace.partial_out, workspace.partial_lse,
         num_kv_heads, num_q_heads, group, splits, workspace.capacity, split_tokens, items,
         block_tables.shape[1], kt.uniform_step or 1.0,
     )  # fmt: skip
-    stage = _lut.staging_asm(tile, key_mode)
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+        V_UNSTAGE=stage[3], TMA=tma, num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
     )  # fmt: skip
     grid = (min(items, per_sm * num_sms(dev)),)
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
-    shared = _lut.shared_bytes(warps, tile, key_mode)
+    shared = _shared_bytes(warps, tile, key_mode, tma)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, splits * warps, vt.rot, out)

@@ -179,3 +179,66 @@ def test_staging_slots_fit_and_never_overlap(tile, key_mode, warps):
             if lane:
                 assert start == slots[(w, lane - 1, p)] + size
     assert (covered[lut.LUT_BYTES.value :] == 1).all()  # the staging fills its part exactly once
+
+
+def _tile_perm(m: int) -> int:
+    """_decode_lut_kernel._tile_perm: the slot order of a tile's tokens."""
+    return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
+
+
+def _tma_slot(row: int, chunk: int, row_bytes: int) -> int:
+    """Byte offset of 16-byte chunk `chunk` of box row `row` as the TMA writes it (CU_TENSOR_MAP_SWIZZLE_64B
+    for 64-byte rows, _128B for 128-byte rows: address bits 4-5 or 4-6 XOR bits 7-8 or 7-9)."""
+    address = row * row_bytes + chunk * 16
+    mask = 0x30 if row_bytes == 64 else 0x70
+    return address ^ ((address >> 3) & mask)
+
+
+@pytest.mark.parametrize("tile,key_mode", [(16, 4), (32, 4), (64, 4), (16, 8), (32, 9)])
+def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode):
+    """The TMA path's read-back offsets (the kernel's k_read, v_read for one warp, relative to its slots)
+    undo the swizzle: each thread's piece holds the bytes of the token and chunk its operand fragment needs;
+    the 16-byte key reads of each quarter warp and the 8-byte value reads of each half warp meet distinct
+    banks; every token's slot lies inside the warp's bytes."""
+    key_bytes = 64 if key_mode == 4 else 128
+    kp = key_bytes // 64  # 16-byte key pieces per thread and token
+    assert lut.tma_shared_bytes(4, tile, key_mode) >= lut.LUT_BYTES.value + 4 * (tile * (key_bytes + 64) + 8)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(tile // 8):
+            token = _tile_perm(g + 8 * i)
+            for sub in range(kp):
+                chunk = kp * t + sub
+                swz = (token >> 1) & 3 if key_mode == 4 else token & 7
+                read = token * key_bytes + (chunk ^ swz) * 16  # k_read
+                assert read == _tma_slot(token, chunk, key_bytes)
+            for r in range(2):
+                token = _tile_perm(2 * t + r + 8 * i)
+                v_chunk = (g >> 1) ^ ((token >> 1) & 3)
+                read = token * 64 + v_chunk * 16 + (g & 1) * 8  # v_read, from the value slots
+                assert read == _tma_slot(token, g >> 1, 64) + (g & 1) * 8
+    for i in range(tile // 8):
+        for sub in range(kp):  # quarter warps: 8 lanes × 16 bytes
+            for quarter in range(4):
+                banks = set()
+                for lane in range(8 * quarter, 8 * quarter + 8):
+                    token, chunk = _tile_perm(lane // 4 + 8 * i), kp * (lane % 4) + sub
+                    banks.add(_tma_slot(token, chunk, key_bytes) % 128 // 16)
+                assert len(banks) == 8
+        for r in range(2):  # half warps: 16 lanes × 8 bytes
+            for half in range(2):
+                banks = set()
+                for lane in range(16 * half, 16 * half + 16):
+                    g, t = lane // 4, lane % 4
+                    token = _tile_perm(2 * t + r + 8 * i)
+                    banks.add((_tma_slot(token, g >> 1, 64) + (g & 1) * 8) % 128 // 8)
+                assert len(banks) == 16
+    assert sorted(_tile_perm(m) for m in range(tile)) == list(range(tile))
+
+
+def test_tma_stage_text_arrives_once_and_copies_one_box():
+    """One arrival per lane per tile (the mbarrier counts 32), one predicated box, after the proxy fence."""
+    stage = lut.tma_stage_asm(8, 16, 4)
+    assert stage.count("mbarrier.arrive.expect_tx") == 1 and stage.count("cp.async.bulk.tensor") == 1
+    assert stage.index("fence.proxy.async") < stage.index("cp.async.bulk.tensor")
+    assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4)

@@ -53,7 +53,9 @@ LAYOUTS = [  # the Triton kernels (the Gluon kernel has its own tests below)
 LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shapes of its launch configuration
     {"lut_min_work": 0},
     {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
-    {"lut_min_work": 0, "lut_warps": 8, "lut_maxnreg": 128},
+    {"lut_min_work": 0, "lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
+    {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
+    {"lut_min_work": 0, "lut_tma": False},  # staging by cp.async (sm_80, and caches TMA cannot address)
 ]
 
 
