@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections import OrderedDict
 
 import torch
 
@@ -14,25 +13,24 @@ _MAP_BYTES = 128  # sizeof(CUtensorMap)
 _UINT8 = 0  # CU_TENSOR_MAP_DATA_TYPE_UINT8
 _SWIZZLE = {64: 2, 128: 3}  # row bytes → CU_TENSOR_MAP_SWIZZLE_64B, _128B
 _L2_PROMOTION_128B = 2
-_CACHE: OrderedDict = OrderedDict()  # (address, shape, strides, rows, device) → (pinned map, device map)
-_CACHE_SIZE = 256
+# (address, shape, strides, rows, device) → (pinned map, device map), kept for the process: a captured CUDA
+# graph holds the device map's address (256 bytes per cache view; caches are allocated once)
+_CACHE: dict = {}
 
 
 def box_map(packed: torch.Tensor, rows: int) -> torch.Tensor:
     """The tensor map of `packed` [NB, BS, H, P] uint8 (P = 64 or 128, 16-byte aligned address and strides)
     whose boxes are `rows` tokens of one block and kv head, [rows, P] bytes, swizzled by P bytes; as 128
-    bytes of device memory (copied on the current stream, so capturable in a CUDA graph)."""
+    bytes of device memory (copied before this returns; under CUDA-graph capture, by a captured copy on the
+    current stream)."""
     key = (packed.data_ptr(), tuple(packed.shape), packed.stride(), rows, packed.device)
     if key in _CACHE:
-        _CACHE.move_to_end(key)
         return _CACHE[key][1]
     host = torch.empty(_MAP_BYTES, dtype=torch.uint8, pin_memory=True)
     _encode_tiled(host, packed, rows)
     device = torch.empty(_MAP_BYTES, dtype=torch.uint8, device=packed.device)
-    device.copy_(host, non_blocking=True)
-    _CACHE[key] = (host, device)  # the pinned copy stays alive for the copy and any graph replaying it
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    device.copy_(host, non_blocking=torch.cuda.is_current_stream_capturing())
+    _CACHE[key] = (host, device)  # the pinned copy stays alive for any graph replaying the copy
     return device
 
 
