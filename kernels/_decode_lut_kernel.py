@@ -50,6 +50,7 @@ from ._decode_lut_ptx import (
     tma_shared_bytes,
     tma_stage_asm,
     tma_unstage_asm,
+    tma_warp_bytes,
     v4_asm,
 )
 
@@ -81,6 +82,7 @@ def _value_piece_layout(W, T):
 
 _shared_bytes = constexpr_function(shared_bytes)
 _tma_shared_bytes = constexpr_function(tma_shared_bytes)
+_tma_warp_bytes = constexpr_function(tma_warp_bytes)
 _fill_asm = constexpr_function(fill_asm)
 
 
@@ -387,7 +389,7 @@ def _decode_lut_kernel(
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
         PK: gl.constexpr = 4 * KW
-        WARP_BYTES: gl.constexpr = T * (PK + 64)
+        WARP_BYTES: gl.constexpr = _tma_warp_bytes(T, K_MODE)  # the PTX's too (its mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
         bx_j = gl.arange(0, 32, layout=gl.SliceLayout(0, BXL))[None, :]

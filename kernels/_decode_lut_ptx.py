@@ -144,14 +144,18 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
 # bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
 # (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
 # (8 bytes per warp) follow the slots.
+TMA_TOKEN_BYTES = {4: 64 + 64, 8: 128 + 64, 9: 128 + 64}  # key mode → a token's key + value slot bytes
+
+
 def tma_warp_bytes(tile: int, key_mode: int) -> int:
-    return tile * ((64 if key_mode == 4 else 128) + 64)
+    """A warp's slots (the kernel's WARP_BYTES; the mbarriers follow the warps' slots)."""
+    return tile * TMA_TOKEN_BYTES[key_mode]
 
 
 def tma_shared_bytes(warps: int, tile: int, key_mode: int) -> int:
     """The kernel's shared memory with TMA staging: the table, the warps' slots and mbarriers, in 8 KiB
-    chunks."""
-    return -(-(LUT_BYTES + warps * (tile * ((64 if key_mode == 4 else 128) + 64) + 8)) // 8192) * 8192
+    chunks (the kernel computes it as a constexpr function, which may call no other function)."""
+    return -(-(LUT_BYTES + warps * (tile * TMA_TOKEN_BYTES[key_mode] + 8)) // 8192) * 8192
 
 
 def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
