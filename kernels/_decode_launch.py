@@ -38,6 +38,8 @@ CONFIG = {
     "lut_warps": 8,  # its warps per program (a power of two)
     "lut_tile": 16,  # its tokens per warp and step (16, 32 or 64)
     "lut_maxnreg": 128,  # its register cap per thread (128: 2 programs of 8 warps per SM, no spills)
+    "lut_combine_max_steps": 32,  # its warps' partials are combined in the kernel (one per item) where an
+    # item walks at most this many tile steps (decode_lut.lut_combines)
     "lut_tma": True,  # its packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)
     "lut_min_wave_fill": 0.9,  # its split planning's `min_wave_fill` (H200, K4V4 16×4K: 57 µs, 62 at 1.0)
     "lut_programs_per_sm": None,  # its programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm:

@@ -11,10 +11,19 @@ import functools
 LUT_BYTES = 256 * 256  # the table: 256 entries × 256 bytes, at offset 0 of shared memory
 
 
+COMBINE_WARP_BYTES = 128 * 8 * 4  # a warp's output [128, 8] float32 in the combine of the warps' partials
+COMBINE_STATS_AT = 1024  # the combine's log-sum-exps ([≤ 16, 8] float32) at this byte of the last chunk
+# The proxy fence that orders a thread's shared-memory accesses before later TMA writes (one per thread).
+PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
+
+
 def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
-    """The kernel's shared memory: the table, then each warp's staging of one tile's packed key and value
-    words (16 or 32 and 16 words per token)."""
-    return LUT_BYTES + warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    """The kernel's shared memory, in 8 KiB chunks: the table; each warp's staging of one tile's packed key
+    and value words (16 or 32 and 16 words per token), the same bytes holding the warps' outputs
+    (COMBINE_WARP_BYTES each) in the combine between items; a last chunk for the combine's log-sum-exps (at
+    COMBINE_STATS_AT; the kernel computes it as a constexpr function, which may call no other function)."""
+    slots = max(warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4, warps * COMBINE_WARP_BYTES)
+    return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
 def fill_asm(rows_per_thread: int) -> str:
@@ -143,24 +152,25 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
 # every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
 # bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
 # (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
-# (8 bytes per warp) follow the slots.
+# (8 bytes per warp) open the last 8 KiB chunk (tma_shared_bytes).
 TMA_TOKEN_BYTES = {4: 64 + 64, 8: 128 + 64, 9: 128 + 64}  # key mode → a token's key + value slot bytes
 
 
 def tma_warp_bytes(tile: int, key_mode: int) -> int:
-    """A warp's slots (the kernel's WARP_BYTES; the mbarriers follow the warps' slots)."""
+    """A warp's slots (the kernel's WARP_BYTES)."""
     return tile * TMA_TOKEN_BYTES[key_mode]
 
 
 def tma_shared_bytes(warps: int, tile: int, key_mode: int) -> int:
-    """The kernel's shared memory with TMA staging: the table, the warps' slots and mbarriers, in 8 KiB
-    chunks (the kernel computes it as a constexpr function, which may call no other function)."""
-    return -(-(LUT_BYTES + warps * (tile * TMA_TOKEN_BYTES[key_mode] + 8)) // 8192) * 8192
+    """The kernel's shared memory with TMA staging, as shared_bytes with the warps' slots of
+    tma_warp_bytes, and the mbarriers at the start of the last chunk (a constexpr function, as there)."""
+    slots = max(warps * tile * TMA_TOKEN_BYTES[key_mode], warps * COMBINE_WARP_BYTES)
+    return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
 def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
     """m ← the shared address of this warp's mbarrier; s ← global_smem."""
-    start = LUT_BYTES + warps * tma_warp_bytes(tile, key_mode)
+    start = tma_shared_bytes(warps, tile, key_mode) - 8192
     return [
         "mov.u32 s, global_smem;", "mov.u32 m, %tid.x;", "shr.u32 m, m, 5;", "shl.b32 m, m, 3;",
         "add.u32 m, m, s;", f"add.u32 m, m, {start};",

@@ -108,14 +108,24 @@ def lut_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.dev
     )  # fmt: skip
 
 
+def lut_combines(max_tokens: int, splits: int) -> bool:
+    """Whether the Gluon kernel combines its warps' partials into one per item (through shared memory, at
+    the item's end): where an item walks at most CONFIG's `lut_combine_max_steps` tile steps. The combine
+    saves per item the warps' partial writes and the merge's reads of them; it costs ~4 % per step, since
+    ptxas then allocates the tile loop's registers differently (H200, K4V4, graph µs: 1×32K, 8 steps: 33
+    against 46; 16×4K, 16 steps: 49 against 54; 16×32K, 128 steps: 208 against 202)."""
+    step = CONFIG["lut_warps"] * CONFIG["lut_tile"]
+    return -(-max_tokens // (splits * step)) <= CONFIG["lut_combine_max_steps"]
+
+
 def lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Partials per query head of the Gluon kernel (splits × its warps), the most any key mode needs; 0 where
-    it cannot run."""
+    """Partials per query head of the Gluon kernel (per split: one, or one per warp), the most any key mode
+    needs; 0 where it cannot run."""
     if not (HAVE_GLUON and device.type == "cuda"):
         return 0
     per_sm = {lut_programs_per_sm(device, mode) for mode in (4, 8, 9)}
-    splits = max(lut_splits(batch, num_kv_heads, max_tokens, device, n) for n in per_sm)
-    return splits * CONFIG["lut_warps"]
+    splits = (lut_splits(batch, num_kv_heads, max_tokens, device, n) for n in per_sm)
+    return max(n if lut_combines(max_tokens, n) else n * CONFIG["lut_warps"] for n in splits)
 
 
 def launch_lut(
@@ -132,10 +142,15 @@ def launch_lut(
     per_sm = lut_programs_per_sm(dev, key_mode)
     splits = lut_splits(batch, num_kv_heads, max_tokens, dev, per_sm)
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
-    if warps > 16 or warps & (warps - 1):
-        raise ValueError(f"CONFIG['lut_warps'] is {warps}: use a power of two ≤ 16 (threads fill whole rows)")
+    if not 2 <= warps <= 16 or warps & (warps - 1):
+        raise ValueError(
+            f"CONFIG['lut_warps'] is {warps}: use a power of two from 2 to 16 (threads fill whole table "
+            "rows, warp outputs whole 8 KiB chunks)"
+        )
     step = warps * tile
-    check_capacity(workspace, splits * warps)
+    combine = lut_combines(max_tokens, splits)
+    partials = splits if combine else splits * warps
+    check_capacity(workspace, partials)
     q = query if query.stride(-1) == 1 else query.contiguous()
     rotate_queries(q, kt.rot_t, workspace.q_rot_f16, num_kv_heads, scale)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
@@ -160,7 +175,7 @@ def launch_lut(
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], TMA=tma, num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+        V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
     )  # fmt: skip
     grid = (min(items, per_sm * num_sms(dev)),)
     capability = _capability(cuda_index(dev))
@@ -168,7 +183,7 @@ def launch_lut(
     shared = _shared_bytes(warps, tile, key_mode, tma)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
-    return merge(workspace, splits * warps, vt.rot, out)
+    return merge(workspace, partials, vt.rot, out)
 
 
 _LUT_CHECKED: set = set()

@@ -16,6 +16,7 @@ from tiercache.kernels._tables import UNIFORM8_ASM, decode_lut_table, f16_byte_l
 if not decode_lut.HAVE_GLUON:
     pytest.skip("this Triton has no Gluon", allow_module_level=True)
 from tiercache.kernels import _decode_lut_kernel as lut
+from tiercache.kernels import _decode_lut_ptx as lut_ptx
 
 
 def shared_table(k_codec, v_codec, key_mode: int) -> tuple[np.ndarray, int, int]:
@@ -178,7 +179,38 @@ def test_staging_slots_fit_and_never_overlap(tile, key_mode, warps):
             covered[start : start + size] += 1
             if lane:
                 assert start == slots[(w, lane - 1, p)] + size
-    assert (covered[lut.LUT_BYTES.value :] == 1).all()  # the staging fills its part exactly once
+    slot_end = lut.LUT_BYTES.value + warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    assert (covered[lut.LUT_BYTES.value : slot_end] == 1).all()  # the staging fills its part exactly once
+    assert not covered[slot_end:].any() and slot_end <= len(covered) - 8192  # and leaves the last chunk
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("tile,key_mode,warps", [(16, 4, 8), (16, 8, 8), (32, 4, 4), (32, 9, 2), (16, 4, 16)])
+def test_shared_regions_stay_apart(tma, tile, key_mode, warps):
+    """The kernel's shared memory (8 KiB chunks): the table; the staging slots, whose bytes the combine of
+    the warps' outputs reuses between items; the last chunk: each warp's mbarrier (TMA, placed by the PTX),
+    then the combine's log-sum-exps. Nothing reaches past the buffer and the last chunk's parts do not
+    overlap."""
+    smem = (lut.tma_shared_bytes if tma else lut.shared_bytes)(warps, tile, key_mode)
+    assert smem % 8192 == 0
+    per_token = lut_ptx.TMA_TOKEN_BYTES[key_mode] if tma else ((16 if key_mode == 4 else 32) + 16) * 4
+    slots_end = lut_ptx.LUT_BYTES + warps * max(tile * per_token, lut_ptx.COMBINE_WARP_BYTES)
+    last = smem - 8192
+    assert slots_end <= last
+    stats = last + lut_ptx.COMBINE_STATS_AT  # log-sum-exps: 8 float32 per warp
+    assert warps <= 16 and stats + warps * 32 <= smem
+    if tma:
+        arithmetic = "; ".join(lut_ptx._mbarrier(warps, tile, key_mode))
+        barriers = [run_ptx(arithmetic, {}, 0, warp=w)["m"] for w in range(warps)]
+        assert barriers == [last + 8 * w for w in range(warps)] and barriers[-1] + 8 <= stats
+
+
+def test_default_launch_keeps_two_programs_per_hopper_sm():
+    """8 warps × 16-token tiles (the default) of every key mode fit twice into an H100/H200 SM's 228 KiB of
+    shared memory (1 KiB reserved per program)."""
+    for key_mode in (4, 8, 9):
+        assert 2 * (lut.tma_shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
+        assert 2 * (lut.shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
 
 
 def _tile_perm(m: int) -> int:

@@ -52,10 +52,21 @@ LAYOUTS = [  # the Triton kernels (the Gluon kernel has its own tests below)
 ]
 LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shapes of its launch configuration
     {"lut_min_work": 0},
+    {"lut_min_work": 0, "lut_combine_max_steps": 1 << 30},  # the warps' partials always combined
+    {"lut_min_work": 0, "lut_combine_max_steps": 0},  # ... never
     {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
     {"lut_min_work": 0, "lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
     {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
     {"lut_min_work": 0, "lut_tma": False},  # staging by cp.async (sm_80, and caches TMA cannot address)
+    # 2 warps, one program per SM: many items per program (the combine's bytes reused between items)
+    {
+        "lut_min_work": 0,
+        "lut_warps": 2,
+        "lut_tile": 32,
+        "lut_maxnreg": 168,
+        "lut_programs_per_sm": 1,
+        "lut_combine_max_steps": 1 << 30,
+    },
 ]
 
 
@@ -157,7 +168,10 @@ def test_decode_gpu_unaligned_cache_declines_gluon(monkeypatch):
     assert rel_err(out, ref) <= 1e-2
 
 
-@pytest.mark.parametrize("config", [LAYOUTS[0], LAYOUTS[1], {"lut_kernel": True, "lut_min_work": 0}])
+@pytest.mark.parametrize("config", [
+    LAYOUTS[0], LAYOUTS[1], {"lut_kernel": True, "lut_min_work": 0},
+    {"lut_kernel": True, "lut_min_work": 0, "lut_combine_max_steps": 1 << 30},
+])  # fmt: skip
 def test_decode_cuda_graph_capture_and_replay(monkeypatch, config):
     for key, value in config.items():
         monkeypatch.setitem(decode_module.CONFIG, key, value)
