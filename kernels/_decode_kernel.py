@@ -1,8 +1,9 @@
 """Triton kernels: fused paged decode attention over TurboQuant K/V, in the rotated domain.
 
-_rotate_query_kernel, grid (B·H, D/DC): q·Πᵀ·scale·log2 e once per query head, DC output columns per
-program (IEEE f32, or SPLIT16: tensor-core products of bf16 terms, for 16-bit operands), stored in the
-operand dtype (used when the split kernel does not rotate its queries itself, ROTATE_Q=False).
+_rotate_query_kernel, grid (⌈B·Hq / BM⌉, D/DC): q·Πᵀ·scale·log2 e once per query head, BM query rows
+(any sequences and heads: the rotation is one matrix) and DC output columns per program (IEEE f32, or
+SPLIT16: tensor-core products of bf16 terms, for 16-bit operands), stored in the operand dtype (used when
+the split kernel does not rotate its queries itself, ROTATE_Q=False).
 _decode_split_kernel, grid (B·H, S): one program per (sequence, kv head, split) walks its share of the
 context in tiles of TILE tokens: each K/V byte is read once for all G query heads, which form the M
 dimension of the dots. Scores are γᵏ·⟨Πq, c[idx]⟩; values enter as c[idx] with γᵛ folded into the
@@ -33,33 +34,31 @@ def _rotate_query_kernel(
     q_ptr, sq_b, sq_h,  # query [B, Hq, D] (last stride 1)
     rq_ptr,  # Πᵀ [D, D] f32, or (SPLIT16) as three bf16 terms [3, D, D]
     qr_ptr,  # out: rotated query [B, Hq, D] in the operand dtype (contiguous)
-    H, Hq, G, qk_scale,
-    D: tl.constexpr, GP: tl.constexpr, DC: tl.constexpr, SPLIT16: tl.constexpr = False,
+    rows, Hq, qk_scale,  # rows = B·Hq
+    D: tl.constexpr, BM: tl.constexpr, DC: tl.constexpr, SPLIT16: tl.constexpr = False,
     UPCAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_launch_dependents(PDL)  # the split kernel may launch now; it waits before reading the rotated query
-    b = tl.program_id(0) // H
-    h = tl.program_id(0) % H
-    g = tl.arange(0, GP)
-    gmask = g < G
+    r = tl.program_id(0) * BM + tl.arange(0, BM)  # this program's query rows (sequence, head)
+    rmask = r < rows
     d = tl.arange(0, D)
     n = tl.program_id(1) * DC + tl.arange(0, DC)  # this program's output columns
-    heads = h * G + g
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None], other=0.0)
+    q_rows = (r // Hq).to(tl.int64) * sq_b + (r % Hq) * sq_h
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=rmask[:, None], other=0.0)
     q = q.to(tl.float32)
     r_ptrs = rq_ptr + d[:, None] * D + n[None, :]
     if SPLIT16:  # tensor-core products: (q_hi + q_lo) · (R0 + R1 + R2), f32 accumulation
         q_hi = q.to(tl.bfloat16)
         q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
         r0 = tl.load(r_ptrs)
-        acc = dot16(q_hi, r0, tl.zeros([GP, DC], dtype=tl.float32), UPCAST)
+        acc = dot16(q_hi, r0, tl.zeros([BM, DC], dtype=tl.float32), UPCAST)
         acc = dot16(q_lo, r0, acc, UPCAST)
         acc = dot16(q_hi, tl.load(r_ptrs + D * D), acc, UPCAST)
         q = dot16(q_hi, tl.load(r_ptrs + 2 * D * D), acc, UPCAST) * qk_scale
     else:
         q = tl.dot(q, tl.load(r_ptrs), input_precision="ieee") * qk_scale
-    rows = (b * Hq + heads).to(tl.int64) * D
-    tl.store(qr_ptr + rows[:, None] + n[None, :], q.to(qr_ptr.dtype.element_ty), mask=gmask[:, None])
+    out_rows = r.to(tl.int64) * D
+    tl.store(qr_ptr + out_rows[:, None] + n[None, :], q.to(qr_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 @triton.jit

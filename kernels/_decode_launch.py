@@ -47,6 +47,8 @@ CONFIG = {
 }
 LOG2E = 1.4426950408889634
 _ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)
+_ROTATE_ROWS = 16  # query rows per query-rotation program (any sequences and heads; H200, B·Hq = 2048:
+# 4.4 µs, 17.6 µs with one program per kv head)
 LAST_COMPILED: dict = {}  # the last compiled split kernel (register and spill report in the benchmark)
 
 
@@ -64,16 +66,16 @@ def plan_splits(rows: int, tiles: int, capacity: int, min_fill: float, overhead:
 
 
 def rotate_queries(
-    q: torch.Tensor, rot: torch.Tensor, q_rot: torch.Tensor, num_kv_heads: int, scale: float,
-    split16: bool = False, pdl: bool = False,
+    q: torch.Tensor, rot: torch.Tensor, q_rot: torch.Tensor, scale: float, split16: bool = False,
+    pdl: bool = False,
 ) -> None:  # fmt: skip
     """q_rot ← q·rot·scale·log2 e. rot: Πᵀ in any coordinate order, f32 [D, D] or (split16) bf16 [3, D, D]"""
     batch, num_q_heads, head_dim = q.shape
-    group = num_q_heads // num_kv_heads
-    _rotate_query_kernel[(batch * num_kv_heads, head_dim // _ROTATE_COLUMNS)](
-        q, q.stride(0), q.stride(1), rot, q_rot,
-        num_kv_heads, num_q_heads, group, scale * LOG2E, D=head_dim, GP=max(16, next_pow2(group)),
-        DC=_ROTATE_COLUMNS, SPLIT16=split16, UPCAST=interpreting(), PDL=pdl, num_warps=4,
+    rows = batch * num_q_heads
+    _rotate_query_kernel[(-(-rows // _ROTATE_ROWS), head_dim // _ROTATE_COLUMNS)](
+        q, q.stride(0), q.stride(1), rot, q_rot, rows, num_q_heads, scale * LOG2E,
+        D=head_dim, BM=_ROTATE_ROWS, DC=_ROTATE_COLUMNS, SPLIT16=split16, UPCAST=interpreting(), PDL=pdl,
+        num_warps=4,
     )  # fmt: skip
 
 

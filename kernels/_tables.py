@@ -60,6 +60,7 @@ class KernelTables:
     grid_origin: float
     grid_last: int  # cells · 2^GRID_FRAC_BITS − 1, the last position on the search line
     rot_t: torch.Tensor  # [D, D] f32  Πᵀ (natural order: decode attention)
+    rot_t_bf16x3: torch.Tensor  # [3, D, D] bf16, sums to rot_t (decode attention of 16-bit queries)
     rot: torch.Tensor  # [D, D] f32  Π
     byte_lut_bf16: torch.Tensor  # [256] bf16 centroids of each byte's 8/bits indices (16 bits each, packed)
     prmt_asm: str  # 4-bit: PTX for the two bf16 fields of 4 packed bytes, in registers; else ""
@@ -111,6 +112,7 @@ def _build(codec: TurboQuantCodec, device: torch.device) -> KernelTables:
         grid_origin=origin,
         grid_last=last,
         rot_t=rot.t().contiguous().to(device),
+        rot_t_bf16x3=split_16bit(rot.t().contiguous(), torch.bfloat16, 3).to(device),
         rot=rot.contiguous().to(device),
         byte_lut_bf16=_byte_lut(codec).to(device),
         prmt_asm=prmt_fields_asm(cb) if codec.bits == 4 else "",

@@ -176,7 +176,7 @@ def tq_decode_attention(
     rot_q = kt.rot_t_perm if fields else kt.rot_t
     rotate_in_split = CONFIG["rotate_in_split"]
     if not rotate_in_split:
-        rotate_queries(q, rot_q, q_rot, num_kv_heads, scale)
+        rotate_queries(q, rot_q, q_rot, scale)
     LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), rot_q, scale * LOG2E,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
@@ -207,7 +207,7 @@ def _launch_perfield(
     pdl = use_pdl(q.device)
     if not rotate_in_split:
         rot = kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3
-        rotate_queries(q, rot, q_rot, num_kv_heads, scale, split16=not ieee, pdl=pdl)
+        rotate_queries(q, rot, q_rot, scale, split16=not ieee, pdl=pdl)
     LAST_COMPILED["split"] = _decode_perfield_kernel[(batch * num_kv_heads, splits)](
         q_rot, q, q.stride(0), q.stride(1), kt.rot_t_perm_bf16x3, scale * LOG2E,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),

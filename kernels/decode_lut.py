@@ -152,7 +152,7 @@ def launch_lut(
     partials = splits if combine else splits * warps
     check_capacity(workspace, partials)
     q = query if query.stride(-1) == 1 else query.contiguous()
-    rotate_queries(q, kt.rot_t, workspace.q_rot_f16, num_kv_heads, scale)
+    rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
     k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
