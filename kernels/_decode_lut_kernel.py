@@ -50,7 +50,6 @@ from ._decode_lut_ptx import (
     shared_bytes,
     staging_asm,
     tma_init_asm,
-    tma_shared_bytes,
     tma_stage_asm,
     tma_unstage_asm,
     tma_warp_bytes,
@@ -62,7 +61,7 @@ COMBINE_STATS_AT = gl.constexpr(_COMBINE_STATS_AT)
 PROXY_FENCE_ASM = gl.constexpr(_PROXY_FENCE_ASM)
 __all__ = [
     "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "tma_init_asm",
-    "tma_shared_bytes", "tma_stage_asm", "tma_unstage_asm", "v4_asm",
+    "tma_stage_asm", "tma_unstage_asm", "v4_asm",
 ]  # fmt: skip
 
 
@@ -86,7 +85,6 @@ def _value_piece_layout(W, T):
 
 
 _shared_bytes = constexpr_function(shared_bytes)
-_tma_shared_bytes = constexpr_function(tma_shared_bytes)
 _tma_warp_bytes = constexpr_function(tma_warp_bytes)
 _fill_asm = constexpr_function(fill_asm)
 
@@ -327,8 +325,8 @@ def _combine_layout(W):
 
 @gluon.jit
 def _per_thread(asm: gl.constexpr, threads):
-    """Run `asm` (one instruction, see _decode_lut_ptx.PROXY_FENCE_ASM) once in every thread (threads: a
-    tensor of one element per thread)."""
+    """Run `asm` (its $0: an unused output) once in every thread (threads: a tensor of one element per
+    thread)."""
     gl.inline_asm_elementwise(asm, "=r,r", [threads], gl.int32, False, 1)
 
 
@@ -412,7 +410,7 @@ def _decode_lut_kernel(
     # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
     # offset 0, then the staging slots, which only the staging PTX touches during an item and the combine
     # between items, then a last chunk (the mbarriers, the combine's log-sum-exps).
-    SMEM: gl.constexpr = _tma_shared_bytes(W, T, K_MODE) if TMA else _shared_bytes(W, T, K_MODE)
+    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE)
     gl.static_assert(SMEM % 8192 == 0)
     buf = gl.allocate_shared_memory(
         gl.int32, [SMEM // 8192, 64, 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -473,7 +471,7 @@ def _decode_lut_kernel(
             + v_chunk * 16
             + (vc_c[None, None, :] & 1) * 8
         )
-        gl.inline_asm_elementwise(V_STAGE, "=r,r", [threads], gl.int32, False, 1)
+        _per_thread(V_STAGE, threads)
         staged = gl.program_id(0) * 0  # TMA stages issued (the mbarrier phase of the next one)
     # a warp's T tokens lie in NBT block pieces (first tokens b_tok)
     NBT: gl.constexpr = T // BLOCK_SIZE if BLOCK_SIZE < T else 1

@@ -17,12 +17,16 @@ COMBINE_STATS_AT = 1024  # the combine's log-sum-exps ([≤ 16, 8] float32) at t
 PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
 
 
+# A token's staging slot bytes, key + value, by key mode (both staging paths: 16 or 32 and 16 words).
+TOKEN_SLOT_BYTES = {4: 64 + 64, 8: 128 + 64, 9: 128 + 64}
+
+
 def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
-    """The kernel's shared memory, in 8 KiB chunks: the table; each warp's staging of one tile's packed key
-    and value words (16 or 32 and 16 words per token), the same bytes holding the warps' outputs
-    (COMBINE_WARP_BYTES each) in the combine between items; a last chunk for the combine's log-sum-exps (at
-    COMBINE_STATS_AT; the kernel computes it as a constexpr function, which may call no other function)."""
-    slots = max(warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4, warps * COMBINE_WARP_BYTES)
+    """The kernel's shared memory, in 8 KiB chunks: the table; each warp's staging of one tile (TMA or
+    cp.async), the same bytes holding the warps' outputs (COMBINE_WARP_BYTES each) in the combine between
+    items; a last chunk: the TMA path's mbarriers, then the combine's log-sum-exps at COMBINE_STATS_AT (the
+    kernel computes it as a constexpr function, which may call no other function)."""
+    slots = max(warps * tile * TOKEN_SLOT_BYTES[key_mode], warps * COMBINE_WARP_BYTES)
     return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
@@ -152,25 +156,17 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
 # every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
 # bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
 # (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
-# (8 bytes per warp) open the last 8 KiB chunk (tma_shared_bytes).
-TMA_TOKEN_BYTES = {4: 64 + 64, 8: 128 + 64, 9: 128 + 64}  # key mode → a token's key + value slot bytes
+# (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
 
 
 def tma_warp_bytes(tile: int, key_mode: int) -> int:
     """A warp's slots (the kernel's WARP_BYTES)."""
-    return tile * TMA_TOKEN_BYTES[key_mode]
-
-
-def tma_shared_bytes(warps: int, tile: int, key_mode: int) -> int:
-    """The kernel's shared memory with TMA staging, as shared_bytes with the warps' slots of
-    tma_warp_bytes, and the mbarriers at the start of the last chunk (a constexpr function, as there)."""
-    slots = max(warps * tile * TMA_TOKEN_BYTES[key_mode], warps * COMBINE_WARP_BYTES)
-    return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
+    return tile * TOKEN_SLOT_BYTES[key_mode]
 
 
 def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
     """m ← the shared address of this warp's mbarrier; s ← global_smem."""
-    start = tma_shared_bytes(warps, tile, key_mode) - 8192
+    start = shared_bytes(warps, tile, key_mode) - 8192
     return [
         "mov.u32 s, global_smem;", "mov.u32 m, %tid.x;", "shr.u32 m, m, 5;", "shl.b32 m, m, 3;",
         "add.u32 m, m, s;", f"add.u32 m, m, {start};",

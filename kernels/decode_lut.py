@@ -66,23 +66,16 @@ def lut_programs_per_sm(device: torch.device, key_mode: int) -> int:
         return CONFIG["lut_programs_per_sm"]
     warps, tile = CONFIG["lut_warps"], CONFIG["lut_tile"]
     smem_sm, threads_sm = _sm_limits(cuda_index(device))
-    by_smem = smem_sm // (_shared_bytes(warps, tile, key_mode, _tma_capable(device)) + 1024)
+    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode) + 1024)
     regs = -(-(CONFIG["lut_maxnreg"] or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
     return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
 
 
-def _shared_bytes(warps: int, tile: int, key_mode: int, tma: bool) -> int:
-    return (_lut.tma_shared_bytes if tma else _lut.shared_bytes)(warps, tile, key_mode)
-
-
-def _tma_capable(device: torch.device) -> bool:
-    """Whether the kernel stages by TMA on `device` (sm_90+, CONFIG's `lut_tma`), for caches that allow it."""
-    return bool(CONFIG["lut_tma"]) and _capability(cuda_index(device)) >= (9, 0)
-
-
 def _use_tma(k_packed: torch.Tensor, v_packed: torch.Tensor) -> bool:
-    """TMA staging: on sm_90+ where both caches' addresses and strides are 16-byte aligned (else cp.async)."""
-    return _tma_capable(k_packed.device) and _aligned_words(k_packed, 16) and _aligned_words(v_packed, 16)
+    """TMA staging: on sm_90+ (and CONFIG's `lut_tma`) where both caches' addresses and strides are 16-byte
+    aligned (else cp.async)."""
+    tma_device = bool(CONFIG["lut_tma"]) and _capability(cuda_index(k_packed.device)) >= (9, 0)
+    return tma_device and _aligned_words(k_packed, 16) and _aligned_words(v_packed, 16)
 
 
 def _tensor_maps(k_packed: torch.Tensor, v_packed: torch.Tensor, rows: int) -> tuple[int, int] | None:
@@ -180,7 +173,7 @@ def launch_lut(
     grid = (min(items, per_sm * num_sms(dev)),)
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
-    shared = _shared_bytes(warps, tile, key_mode, tma)
+    shared = _lut.shared_bytes(warps, tile, key_mode)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, partials, vt.rot, out)

@@ -191,10 +191,12 @@ def test_shared_regions_stay_apart(tma, tile, key_mode, warps):
     the warps' outputs reuses between items; the last chunk: each warp's mbarrier (TMA, placed by the PTX),
     then the combine's log-sum-exps. Nothing reaches past the buffer and the last chunk's parts do not
     overlap."""
-    smem = (lut.tma_shared_bytes if tma else lut.shared_bytes)(warps, tile, key_mode)
+    smem = lut.shared_bytes(warps, tile, key_mode)
     assert smem % 8192 == 0
-    per_token = lut_ptx.TMA_TOKEN_BYTES[key_mode] if tma else ((16 if key_mode == 4 else 32) + 16) * 4
-    slots_end = lut_ptx.LUT_BYTES + warps * max(tile * per_token, lut_ptx.COMBINE_WARP_BYTES)
+    per_token = (
+        lut_ptx.tma_warp_bytes(tile, key_mode) if tma else tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    )
+    slots_end = lut_ptx.LUT_BYTES + warps * max(per_token, lut_ptx.COMBINE_WARP_BYTES)
     last = smem - 8192
     assert slots_end <= last
     stats = last + lut_ptx.COMBINE_STATS_AT  # log-sum-exps: 8 float32 per warp
@@ -209,7 +211,6 @@ def test_default_launch_keeps_two_programs_per_hopper_sm():
     """8 warps × 16-token tiles (the default) of every key mode fit twice into an H100/H200 SM's 228 KiB of
     shared memory (1 KiB reserved per program)."""
     for key_mode in (4, 8, 9):
-        assert 2 * (lut.tma_shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
         assert 2 * (lut.shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
 
 
@@ -234,7 +235,7 @@ def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode):
     banks; every token's slot lies inside the warp's bytes."""
     key_bytes = 64 if key_mode == 4 else 128
     kp = key_bytes // 64  # 16-byte key pieces per thread and token
-    assert lut.tma_shared_bytes(4, tile, key_mode) >= lut.LUT_BYTES.value + 4 * (tile * (key_bytes + 64) + 8)
+    assert lut.shared_bytes(4, tile, key_mode) >= lut.LUT_BYTES.value + 4 * (tile * (key_bytes + 64) + 8)
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for i in range(tile // 8):
