@@ -4,7 +4,7 @@ _decode_lut_kernel, grid (programs,), W warps each: a persistent loop over work 
 split); inside an item the warps walk tiles of W·T tokens, warp w taking tokens Tw … Tw+T−1 of each tile,
 each with its own online softmax, and no warp waits for another. At the item's end each warp writes its
 partial (P ≥ S·W partials per query head), or (COMBINE) the warps' partials are combined through shared
-memory (_combine_warps) into the item's one (P ≥ S).
+memory (combine_warps in _decode_lut_reduce.py) into the item's one (P ≥ S).
 
 Per T-token tile (T = 16, 32 or 64) and warp, in the transposed form (tokens and head dims are the M side of
 the MMAs, the G ≤ 8 query heads of the kv head the N side):
@@ -40,9 +40,7 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ._decode_lut_ptx import COMBINE_STATS_AT as _COMBINE_STATS_AT
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
-from ._decode_lut_ptx import PROXY_FENCE_ASM as _PROXY_FENCE_ASM
 from ._decode_lut_ptx import (
     fill_asm,
     k4_asm,
@@ -55,10 +53,9 @@ from ._decode_lut_ptx import (
     tma_warp_bytes,
     v4_asm,
 )
+from ._decode_lut_reduce import combine_layout, combine_warps, per_thread
 
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
-COMBINE_STATS_AT = gl.constexpr(_COMBINE_STATS_AT)
-PROXY_FENCE_ASM = gl.constexpr(_PROXY_FENCE_ASM)
 __all__ = [
     "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "tma_init_asm",
     "tma_stage_asm", "tma_unstage_asm", "v4_asm",
@@ -316,59 +313,6 @@ def _tile_norms(
     return kn, vn, valid
 
 
-@constexpr_function
-def _combine_layout(W):
-    """The combine's read-back [W, 128, 8]: thread (r, q) of a warp holds all W warps' row r, heads 4q … 4q+3
-    (16-byte reads, a warp's 512 contiguous bytes per read)."""
-    return gl.BlockedLayout([W, 1, 4], [1, 16, 2], [1, W, 1], [2, 1, 0])
-
-
-@gluon.jit
-def _per_thread(asm: gl.constexpr, threads):
-    """Run `asm` (its $0: an unused output) once in every thread (threads: a tensor of one element per
-    thread)."""
-    gl.inline_asm_elementwise(asm, "=r,r", [threads], gl.int32, False, 1)
-
-
-@gluon.jit
-def _combine_warps(buf, lse_w, out_w, threads, W: gl.constexpr, SMEM: gl.constexpr, TMA: gl.constexpr):
-    """The program's partial of an item from its warps' partials (log-sum-exps lse_w [W, 8], normalised
-    outputs out_w [W, 128, 8] with rows in logical order), through shared memory: the outputs in the staging
-    slots' bytes (idle between items: every warp has waited for its last tile), the log-sum-exps in the last
-    chunk. Returns the log-sum-exp [1, 8] and the output [128, 8] (rows in logical order), in the layout
-    SliceLayout(0, RL): thread (r, q) holds row r's heads 4q … 4q+3."""
-    RL: gl.constexpr = _combine_layout(W)
-    # row-major views of the one buffer: the outputs [W, 128, 8] from chunk LUT_BYTES / 8192 on (W / 2
-    # chunks; `index` gives the first chunk's address, the view extends over the next ones), the
-    # log-sum-exps [W, 8] at COMBINE_STATS_AT in the last chunk
-    gl.static_assert(W % 2 == 0)
-    outs = buf.index(LUT_BYTES // 8192)._reinterpret(
-        gl.float32, [W, 128, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    )
-    lses = (
-        buf.index(SMEM // 8192 - 1)
-        ._reinterpret(gl.float32, [256, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        .slice(COMBINE_STATS_AT // 32, W)
-    )
-    gl.thread_barrier()  # no warp still reads its slots
-    outs.store(out_w)
-    lses.store(lse_w)
-    gl.thread_barrier()
-    o3 = outs.load(RL)
-    l3 = gl.expand_dims(lses.load(gl.SliceLayout(1, RL)), 1)  # [W, 1, 8]
-    if TMA:  # the next item's boxes overwrite these bytes
-        _per_thread(PROXY_FENCE_ASM, threads)
-    gl.thread_barrier()
-    m = gl.max(l3, axis=0)  # [1, 8]
-    m_use = gl.where(m == float("-inf"), 0.0, m)
-    weight = gl.exp2(l3 - gl.expand_dims(m_use, 0))  # 0 for warps that saw no token
-    total = gl.sum(weight, axis=0)
-    out = gl.sum(o3 * weight, axis=0)
-    has = total > 0
-    lse = gl.where(has, m_use + gl.log2(gl.where(has, total, 1.0)), float("-inf"))
-    return lse, out / gl.where(has, total, 1.0)
-
-
 @gluon.jit
 def _decode_lut_kernel(
     qr_ptr,  # rotated query × scale·log2 e [B, Hq, 128] float16, natural order, contiguous
@@ -471,7 +415,7 @@ def _decode_lut_kernel(
             + v_chunk * 16
             + (vc_c[None, None, :] & 1) * 8
         )
-        _per_thread(V_STAGE, threads)
+        per_thread(V_STAGE, threads)
         staged = gl.program_id(0) * 0  # TMA stages issued (the mbarrier phase of the next one)
     # a warp's T tokens lie in NBT block pieces (first tokens b_tok)
     NBT: gl.constexpr = T // BLOCK_SIZE if BLOCK_SIZE < T else 1
@@ -488,7 +432,7 @@ def _decode_lut_kernel(
     m_r = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
     r_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
     n_mask = m_n < G  # [8]
-    RL_OUT: gl.constexpr = gl.SliceLayout(0, _combine_layout(W))
+    RL_OUT: gl.constexpr = gl.SliceLayout(0, combine_layout(W))
     o_r = gl.arange(0, D, layout=gl.SliceLayout(1, RL_OUT))[:, None]  # [128, 1] logical rows
     o_n = gl.arange(0, 8, layout=gl.SliceLayout(0, RL_OUT))[None, :]  # [1, 8] heads of the kv head
 
@@ -579,7 +523,7 @@ def _decode_lut_kernel(
         inv = 1.0 / gl.where(has, l_i, 1.0)
         lse_w = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
         if COMBINE:  # the item's one partial
-            lse, out = _combine_warps(buf, lse_w, acc * gl.expand_dims(inv, 1), threads, W, SMEM, TMA)
+            lse, out = combine_warps(buf, lse_w, acc * gl.expand_dims(inv, 1), threads, W, SMEM, TMA)
             part = (b * Hq + h * G + o_n).to(gl.int64) * P + s  # [1, 8]
             gl.store(pl_ptr + part, lse, mask=o_n < G)
             gl.store(po_ptr + part * D + _v_phys(o_r), out, mask=(o_n < G) & (o_r < D))  # [128, 8]

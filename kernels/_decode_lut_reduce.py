@@ -1,0 +1,73 @@
+"""Gluon pieces of the decode kernel (_decode_lut_kernel.py) between its items: the combine of a program's
+W warp partials of an item into the item's one partial, through the kernel's one shared buffer and without
+cross-warp reductions (they would need scratch shared memory, and the kernel's PTX addresses its buffer from
+offset 0). Partials are normalised outputs with base-2 log-sum-exps; a warp that saw no token has lse −inf
+and weighs 0.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import constexpr_function
+from triton.experimental.gluon import language as gl
+
+from ._decode_lut_ptx import COMBINE_STATS_AT as _COMBINE_STATS_AT
+from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
+from ._decode_lut_ptx import PROXY_FENCE_ASM as _PROXY_FENCE_ASM
+
+LUT_BYTES = gl.constexpr(_LUT_BYTES)
+COMBINE_STATS_AT = gl.constexpr(_COMBINE_STATS_AT)
+PROXY_FENCE_ASM = gl.constexpr(_PROXY_FENCE_ASM)
+
+
+@gluon.jit
+def per_thread(asm: gl.constexpr, threads):
+    """Run `asm` (its $0: an unused output) once in every thread (threads: a tensor of one element per
+    thread)."""
+    gl.inline_asm_elementwise(asm, "=r,r", [threads], gl.int32, False, 1)
+
+
+@constexpr_function
+def combine_layout(W):
+    """The combine's read-back [W, 128, 8]: thread (r, q) of a warp holds all W warps' row r, heads 4q … 4q+3
+    (16-byte reads, a warp's 512 contiguous bytes per read)."""
+    return gl.BlockedLayout([W, 1, 4], [1, 16, 2], [1, W, 1], [2, 1, 0])
+
+
+@gluon.jit
+def combine_warps(buf, lse_w, out_w, threads, W: gl.constexpr, SMEM: gl.constexpr, TMA: gl.constexpr):
+    """The program's partial of an item from its warps' partials (log-sum-exps lse_w [W, 8], normalised
+    outputs out_w [W, 128, 8] with rows in logical order), through shared memory: the outputs in the staging
+    slots' bytes (idle between items: every warp has waited for its last tile), the log-sum-exps in the last
+    chunk. Returns the log-sum-exp [1, 8] and the output [128, 8] (rows in logical order), in the layout
+    SliceLayout(0, combine_layout(W)): thread (r, q) holds row r's heads 4q … 4q+3."""
+    RL: gl.constexpr = combine_layout(W)
+    # row-major views of the one buffer: the outputs [W, 128, 8] from chunk LUT_BYTES / 8192 on (W / 2
+    # chunks; `index` gives the first chunk's address, the view extends over the next ones), the
+    # log-sum-exps [W, 8] at COMBINE_STATS_AT in the last chunk
+    gl.static_assert(W % 2 == 0)
+    outs = buf.index(LUT_BYTES // 8192)._reinterpret(
+        gl.float32, [W, 128, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    )
+    lses = (
+        buf.index(SMEM // 8192 - 1)
+        ._reinterpret(gl.float32, [256, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        .slice(COMBINE_STATS_AT // 32, W)
+    )
+    gl.thread_barrier()  # no warp still reads its slots
+    outs.store(out_w)
+    lses.store(lse_w)
+    gl.thread_barrier()
+    o3 = outs.load(RL)
+    l3 = gl.expand_dims(lses.load(gl.SliceLayout(1, RL)), 1)  # [W, 1, 8]
+    if TMA:  # the next item's boxes overwrite these bytes
+        per_thread(PROXY_FENCE_ASM, threads)
+    gl.thread_barrier()
+    m = gl.max(l3, axis=0)  # [1, 8]
+    m_use = gl.where(m == float("-inf"), 0.0, m)
+    weight = gl.exp2(l3 - gl.expand_dims(m_use, 0))  # 0 for warps that saw no token
+    total = gl.sum(weight, axis=0)
+    out = gl.sum(o3 * weight, axis=0)
+    has = total > 0
+    lse = gl.where(has, m_use + gl.log2(gl.where(has, total, 1.0)), float("-inf"))
+    return lse, out / gl.where(has, total, 1.0)
