@@ -4,8 +4,8 @@
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--before] [--json PATH]
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
-in the same run. Prints one table per preset last; --before adds the kernel under BEFORE (the Triton
-perfield kernel that the Gluon kernel replaced) timed in the same run.
+in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
+(default BEFORE: the Triton perfield kernel that the Gluon kernel replaced) timed in the same run.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def time_with(case: Case, config: dict) -> tuple[float, float]:
         case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
 
 
-def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = False) -> None:
+def run_preset(name: str, copy_gbs: float, results: list[dict], before: dict | None = None) -> None:
     k_bits, v_bits, k_codebook, v_codebook = PRESETS[name]
     print(f"\n{name}: K{k_bits}V{v_bits}, {k_codebook} keys, {v_codebook} values")
     for batch, seq in SHAPES:
@@ -120,8 +120,8 @@ def run_preset(name: str, copy_gbs: float, results: list[dict], before: bool = F
         row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}
         row["ours_us"] = bench_us(case.ours)
         row["ours_graph_us"] = bench_us(graphed(case.ours))
-        if before:
-            row["before_us"], row["before_graph_us"] = time_with(case, BEFORE)
+        if before is not None:
+            row["before_us"], row["before_graph_us"] = time_with(case, before)
         row.update({f"sdpa_{k}_us": t for k, t in time_sdpa(case).items()})
         results.append(row)
         print("  " + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
@@ -219,7 +219,10 @@ def main() -> None:
     parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
     parser.add_argument("--json", default=None)
     parser.add_argument("--breakdown", action="store_true")
-    parser.add_argument("--before", action="store_true", help="also time the BEFORE configuration")
+    parser.add_argument(
+        "--before", nargs="?", const=json.dumps(BEFORE), default=None,
+        help=f"also time this JSON launch configuration (default {BEFORE}: the Triton kernel)",
+    )  # fmt: skip
     parser.add_argument("--config", default=None, help="JSON launch configuration to apply first")
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     args = parser.parse_args()
@@ -241,7 +244,7 @@ def main() -> None:
         breakdown()
     results: list[dict] = []
     for preset in filter(None, args.presets.split(",")):
-        run_preset(preset, copy_gbs, results, args.before)
+        run_preset(preset, copy_gbs, results, json.loads(args.before) if args.before else None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_gbs": copy_gbs, "config": decode_module.CONFIG, "results": results}, f, indent=1)
