@@ -50,8 +50,8 @@ from ._decode_lut_ptx import (
     tma_init_asm,
     tma_stage_asm,
     tma_unstage_asm,
-    tma_warp_bytes,
     v4_asm,
+    warp_slot_bytes,
 )
 from ._decode_lut_reduce import combine_layout, combine_warps, per_thread
 
@@ -82,7 +82,7 @@ def _value_piece_layout(W, T):
 
 
 _shared_bytes = constexpr_function(shared_bytes)
-_tma_warp_bytes = constexpr_function(tma_warp_bytes)
+_warp_slot_bytes = constexpr_function(warp_slot_bytes)
 _fill_asm = constexpr_function(fill_asm)
 
 
@@ -392,7 +392,7 @@ def _decode_lut_kernel(
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
         PK: gl.constexpr = 4 * KW
-        WARP_BYTES: gl.constexpr = _tma_warp_bytes(T, K_MODE)  # the PTX's too (its mbarriers follow)
+        WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE)  # the PTX's too (its mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
         bx_j = gl.arange(0, 32, layout=gl.SliceLayout(0, BXL))[None, :]

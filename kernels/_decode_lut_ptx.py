@@ -30,6 +30,11 @@ def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
     return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
+def warp_slot_bytes(tile: int, key_mode: int) -> int:
+    """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES)."""
+    return tile * TOKEN_SLOT_BYTES[key_mode]
+
+
 def fill_asm(rows_per_thread: int) -> str:
     """The table fill of a program of LUT_BYTES / 128 / rows_per_thread threads: thread i writes rows
     i + threads·j (j < n = rows_per_thread; $n + j: the row's word; $j: unused output), each the 32 lanes'
@@ -142,7 +147,7 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
     ((tile/8)·(1 or 2) per thread), 8-byte value pieces (tile/4 per thread)."""
     kp, vp = tile // 8 * (1 if key_mode == 4 else 2), tile // 4
     key_bytes = kp * 32 * 16
-    warp_bytes = key_bytes + vp * 32 * 8
+    warp_bytes = warp_slot_bytes(tile, key_mode)
     return (
         _stage_asm(0, 16, kp, warp_bytes, commit=False),
         _stage_asm(key_bytes, 8, vp, warp_bytes, commit=True),
@@ -157,11 +162,6 @@ def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
 # bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
 # (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
 # (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
-
-
-def tma_warp_bytes(tile: int, key_mode: int) -> int:
-    """A warp's slots (the kernel's WARP_BYTES)."""
-    return tile * TOKEN_SLOT_BYTES[key_mode]
 
 
 def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:

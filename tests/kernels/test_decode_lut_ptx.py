@@ -193,10 +193,9 @@ def test_shared_regions_stay_apart(tma, tile, key_mode, warps):
     overlap."""
     smem = lut.shared_bytes(warps, tile, key_mode)
     assert smem % 8192 == 0
-    per_token = (
-        lut_ptx.tma_warp_bytes(tile, key_mode) if tma else tile * ((16 if key_mode == 4 else 32) + 16) * 4
-    )
-    slots_end = lut_ptx.LUT_BYTES + warps * max(per_token, lut_ptx.COMBINE_WARP_BYTES)
+    warp_slots = lut_ptx.warp_slot_bytes(tile, key_mode)  # both paths: 16 or 32 key and 16 value words
+    assert warp_slots == tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    slots_end = lut_ptx.LUT_BYTES + warps * max(warp_slots, lut_ptx.COMBINE_WARP_BYTES)
     last = smem - 8192
     assert slots_end <= last
     stats = last + lut_ptx.COMBINE_STATS_AT  # log-sum-exps: 8 float32 per warp
