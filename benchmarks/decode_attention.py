@@ -1,7 +1,8 @@
 """Decode attention: fused TurboQuant kernel vs torch SDPA bf16 (cuDNN, flash) vs the TQ byte floor.
 
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
-Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep] [--before] [--json PATH]
+Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
+        [--json PATH]
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
 in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
@@ -129,30 +130,35 @@ def run_preset(name: str, copy_gbs: float, results: list[dict], before: dict | N
         torch.cuda.empty_cache()
 
 
-def sweep_configs() -> list[dict]:
+SWEEP_VARIANTS = [  # launch shapes of the Gluon kernel
+    {},
+    {"lut_tma": False},  # staging by cp.async
+    {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168, "lut_tma": False},  # the default before TMA
+    {"lut_min_wave_fill": 1.0},
+    {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
+    {"lut_warps": 16, "lut_tile": 16, "lut_maxnreg": 128},
+    {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
+    {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
+    {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": None, "lut_programs_per_sm": 1},
+]
+
+
+def sweep_configs(variants: list[dict] | None = None) -> list[dict]:
+    """The configurations --sweep times: BEFORE, the current one, and each of `variants` (default: the
+    launch shapes in SWEEP_VARIANTS) applied to the current one."""
     base = dict(decode_module.CONFIG)
-    variants = [
-        {},
-        {"lut_tma": False},  # staging by cp.async
-        {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168, "lut_tma": False},  # the default before TMA
-        {"lut_min_wave_fill": 1.0},
-        {"lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
-        {"lut_warps": 16, "lut_tile": 16, "lut_maxnreg": 128},
-        {"lut_warps": 4, "lut_tile": 64, "lut_maxnreg": None},
-        {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
-        {"lut_warps": 8, "lut_tile": 32, "lut_maxnreg": None, "lut_programs_per_sm": 1},
-    ]
+    variants = SWEEP_VARIANTS if variants is None else variants
     return [BEFORE] + [{**base, **change} for change in variants]
 
 
-def sweep(copy_gbs: float, adopt: bool) -> None:
+def sweep(copy_gbs: float, adopt: bool, variants: list[dict] | None = None) -> None:
     """Launch-configuration sweep (CUDA-graph µs); with `adopt`, the tables use the best (geometric mean)."""
     shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4), (16, 32768, 8, 4)]
     cases = {s: Case(*s, dense=False) for s in shapes}
     base = dict(decode_module.CONFIG)
     best, best_score = base, math.inf
     print("\nsweep (graph µs):", "  ".join(f"K{k}V{v} {b}x{s // 1024}K" for b, s, k, v in shapes))
-    for config in sweep_configs():
+    for config in sweep_configs(variants):
         decode_module.CONFIG.update(config)
         times = []
         for case in cases.values():
@@ -217,6 +223,7 @@ def main() -> None:
     parser.add_argument("--presets", default="k4v4,k8v4,k8v4u")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--adopt-best", action="store_true", help="run the tables with the sweep's best")
+    parser.add_argument("--variants", default=None, help="JSON list of changes for --sweep to time")
     parser.add_argument("--json", default=None)
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument(
@@ -239,7 +246,7 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {decode_module.CONFIG}")
     if args.sweep:
-        sweep(copy_gbs, args.adopt_best)
+        sweep(copy_gbs, args.adopt_best, json.loads(args.variants) if args.variants else None)
     if args.breakdown:
         breakdown()
     results: list[dict] = []
