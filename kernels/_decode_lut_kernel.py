@@ -28,6 +28,10 @@ Each thread holds whole words of packed bytes; the coordinates a thread's words 
 a permute and a reshape, checked trivial by the compiler) so that they are exactly its operand fragment.
 The query is loaded in the matching order and the partial output stored in natural rotated order, so the
 merge rotates back with Π.
+Under programmatic dependent launch (PDL) the kernel starts while the query rotation still runs: it fills
+its table and stages its first tile, then waits for the rotation's writes before it loads the query. Only
+the rotated query may come from that kernel; everything else it reads was written before the rotation
+started (launched without PDL, it starts after all earlier work).
 The inline PTX addresses the table and the staging slots from `global_smem`, Triton's dynamic shared
 memory; the kernel's one allocation is that buffer, and the launcher checks before the first launch of a
 configuration that the compiled kernel uses exactly its size (so it sits at offset 0).
@@ -40,6 +44,7 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ._decode_lut_ptx import GRID_WAIT_ASM as _GRID_WAIT_ASM
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
 from ._decode_lut_ptx import (
     fill_asm,
@@ -56,6 +61,7 @@ from ._decode_lut_ptx import (
 from ._decode_lut_reduce import combine_layout, combine_warps, per_thread
 
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
+GRID_WAIT_ASM = gl.constexpr(_GRID_WAIT_ASM)
 __all__ = [
     "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "tma_init_asm",
     "tma_stage_asm", "tma_unstage_asm", "v4_asm",
@@ -333,6 +339,7 @@ def _decode_lut_kernel(
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
     TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
     COMBINE: gl.constexpr,  # one partial per item (P ≥ S), else one per item and warp (P ≥ S·W)
+    PDL: gl.constexpr = False,  # launched dependent on the query rotation: wait for it before reading qr_ptr
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
@@ -444,15 +451,6 @@ def _decode_lut_kernel(
         start = s * split_tokens
         end = gl.minimum(start + split_tokens, ctx)
         bt_row = bt_ptr + b.to(gl.int64) * sbt_b
-        q_row = qr_ptr + (b * Hq + h * G).to(gl.int64) * D
-        q = gl.load(q_row + qb_off, mask=(qb_n < G)[None, None, :], other=0.0)  # Q̂ᵀ [W, 128, 8]
-        if K_MODE == 9:  # Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2)
-            q = (q.to(gl.float32) * k_step).to(gl.float16)
-            q_m = gl.load(
-                q_row + m_r[None, :, None] + m_n[None, None, :] * D + r_w[:, None, None] * 0,
-                mask=n_mask[None, None, :], other=0.0,
-            )  # fmt: skip
-            q_half = 0.5 * gl.sum((q_m.to(gl.float32) * k_step).to(gl.float16).to(gl.float32), axis=1)
         m_i = gl.full([W, 8], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
         l_i = gl.zeros([W, 8], gl.float32, gl.SliceLayout(1, MMA))
         acc = gl.zeros([W, D, 8], gl.float32, MMA)
@@ -478,6 +476,17 @@ def _decode_lut_kernel(
             BLOCK_SIZE, SCORE_ROWS, W, T, NBT,
         )  # fmt: skip
         bid = _tile_blocks(start + STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+        if PDL:  # the first tile is on its way; the rotated query may still be being written
+            per_thread(GRID_WAIT_ASM, threads)
+        q_row = qr_ptr + (b * Hq + h * G).to(gl.int64) * D
+        q = gl.load(q_row + qb_off, mask=(qb_n < G)[None, None, :], other=0.0)  # Q̂ᵀ [W, 128, 8]
+        if K_MODE == 9:  # Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2)
+            q = (q.to(gl.float32) * k_step).to(gl.float16)
+            q_m = gl.load(
+                q_row + m_r[None, :, None] + m_n[None, None, :] * D + r_w[:, None, None] * 0,
+                mask=n_mask[None, None, :], other=0.0,
+            )  # fmt: skip
+            q_half = 0.5 * gl.sum((q_m.to(gl.float32) * k_step).to(gl.float16).to(gl.float32), axis=1)
         for t0 in range(start, end, STEP):
             if TMA:  # wait for the phase of the last stage
                 kwords, vwords = _tma_unstage_tile(

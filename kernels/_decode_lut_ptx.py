@@ -15,6 +15,8 @@ COMBINE_WARP_BYTES = 128 * 8 * 4  # a warp's output [128, 8] float32 in the comb
 COMBINE_STATS_AT = 1024  # the combine's log-sum-exps ([≤ 16, 8] float32) at this byte of the last chunk
 # The proxy fence that orders a thread's shared-memory accesses before later TMA writes (one per thread).
 PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
+# Programmatic dependent launch: block until the previous kernel's writes are visible (a no-op without PDL).
+GRID_WAIT_ASM = "griddepcontrol.wait; mov.b32 $0, 0;"
 
 
 # A token's staging slot bytes, key + value, by key mode (both staging paths: 16 or 32 and 16 words).

@@ -9,7 +9,7 @@ import logging
 import torch
 
 from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
-from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries
+from ._decode_launch import CONFIG, LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries, use_pdl
 from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
 from ._tensor_map import box_map
 
@@ -111,6 +111,16 @@ def lut_combines(max_tokens: int, splits: int) -> bool:
     return -(-max_tokens // (splits * step)) <= CONFIG["lut_combine_max_steps"]
 
 
+def lut_pdl(items: int, programs: int) -> bool:
+    """Whether the Gluon kernel is launched dependent on the query rotation (it then fills its table and
+    stages its first tile while the rotation runs): CONFIG's `lut_pdl`, True, False or "one_wave" (where
+    every program takes at most one item, so that prologue is not spread over many)."""
+    setting = CONFIG["lut_pdl"]
+    if setting == "one_wave":
+        return items <= programs
+    return bool(setting)
+
+
 def lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
     """Partials per query head of the Gluon kernel (per split: one, or one per warp), the most any key mode
     needs; 0 where it cannot run."""
@@ -145,11 +155,13 @@ def launch_lut(
     partials = splits if combine else splits * warps
     check_capacity(workspace, partials)
     q = query if query.stride(-1) == 1 else query.contiguous()
-    rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True)
+    items = batch * num_kv_heads * splits
+    grid = (min(items, per_sm * num_sms(dev)),)
+    pdl = lut_pdl(items, grid[0]) and use_pdl(dev)
+    rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True, pdl=pdl)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
     k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
-    items = batch * num_kv_heads * splits
     split_tokens = step * -(-max_tokens // (splits * step))
     maps = _tensor_maps(k_packed, v_packed, min(block_size, tile)) if _use_tma(k_packed, v_packed) else None
     tma = maps is not None
@@ -168,9 +180,9 @@ def launch_lut(
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, num_warps=warps, maxnreg=CONFIG["lut_maxnreg"],
+        V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, PDL=pdl, num_warps=warps,
+        maxnreg=CONFIG["lut_maxnreg"], **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
-    grid = (min(items, per_sm * num_sms(dev)),)
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
     shared = _lut.shared_bytes(warps, tile, key_mode)

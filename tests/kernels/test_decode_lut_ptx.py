@@ -213,6 +213,16 @@ def test_default_launch_keeps_two_programs_per_hopper_sm():
         assert 2 * (lut.shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
 
 
+@pytest.mark.parametrize("setting", ["one_wave", True, False])
+def test_dependent_launch_setting(monkeypatch, setting):
+    """`lut_pdl`: "one_wave" launches the kernel dependent on the query rotation only where no program takes a
+    second item; True and False always and never."""
+    monkeypatch.setitem(decode_lut.CONFIG, "lut_pdl", setting)
+    for items, programs in ((256, 264), (264, 264), (265, 264), (1024, 264)):
+        want = items <= programs if setting == "one_wave" else setting
+        assert decode_lut.lut_pdl(items, programs) is want
+
+
 def _tile_perm(m: int) -> int:
     """_decode_lut_kernel._tile_perm: the slot order of a tile's tokens."""
     return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
