@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ._backend import HAVE_TRITON, interpreting, next_pow2, pdl_supported
+from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, pdl_supported
 
 if HAVE_TRITON:
     from ._decode_kernel import _rotate_query_kernel
@@ -32,6 +32,9 @@ CONFIG = {
     "rotate_in_split": False,  # each split rotates its queries (one launch fewer) vs a separate launch
     "maxnreg": 96,  # perfield: register cap per thread (more programs per SM; None: the compiler's choice)
     "pdl": True,  # programmatic dependent launch of the split and merge kernels (Hopper+, not interpreted)
+    "merge_preload": None,  # the merge loads the rotation back whole first: True, False, or None: where it
+    # runs at most one program per SM (each reads all of Π; H200, K4V4 graph µs, two runs: 1×4K 18.2-18.4
+    # against 19.7-19.9, 1×32K 31.2-31.3 against 33.6-33.9)
     "lut_kernel": True,  # the Gluon kernel (_decode_lut_kernel) where it applies, see decode_lut.lut_mode_of
     "lut_min_work": 1 << 18,  # ... and for B · H · max_blocks · block_size ≥ this (below, its 64 KiB table
     # fill per program costs more than it saves: H200, K4V4 1×4K 26 µs vs 20 µs for the Triton kernel)
@@ -86,11 +89,14 @@ def merge(workspace, splits: int, rot: torch.Tensor, out: torch.Tensor) -> torch
     field-major partials)."""
     batch, num_q_heads, head_dim = out.shape
     pdl = use_pdl(out.device)
-    _decode_merge_kernel[(batch * num_q_heads,)](
+    programs = batch * num_q_heads
+    preload = CONFIG["merge_preload"]
+    preload = programs <= num_sms(out.device) if preload is None else preload
+    _decode_merge_kernel[(programs,)](
         workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
         num_q_heads, splits, workspace.capacity, D=head_dim, SP=next_pow2(splits),
-        SC=min(64, next_pow2(splits)), JC=32,
-        PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        SC=min(64, next_pow2(splits)), JC=32, PDL=pdl, PRELOAD=preload, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 

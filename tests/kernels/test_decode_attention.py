@@ -73,6 +73,8 @@ def test_decode_rejects_bad_gqa():
         {"layout": "reshape", "rotate_in_split": False},
         {"layout": "perfield", "lut": "prmt", "rotate_in_split": False},
         {"layout": "perfield", "lut": "none"},
+        {"merge_preload": False},  # the merge loads the rotation back in column chunks
+        {"merge_preload": True},  # ... whole, first
     ],
 )
 @pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4), (4, 2)])
