@@ -320,6 +320,29 @@ def _tile_norms(
 
 
 @gluon.jit
+def _item_query(
+    q_row, qb_off, qb_mask, n_mask, k_step,
+    K_MODE: gl.constexpr, W: gl.constexpr, D: gl.constexpr, MMA: gl.constexpr,
+):  # fmt: skip
+    """The item's rotated query rows (q_row: its first; n_mask [8]: the kv head's) as Q̂ᵀ [W, 128, 8]
+    (operand B at qb_off, where qb_mask), and for uniform 8-bit keys (K_MODE 9: Σ q·c[k] = step·(Σ q·(k − 128)
+    + Σ q/2)) scaled by the step, with the score offset [W, 8] (else zeros)."""
+    q = gl.load(q_row + qb_off, mask=qb_mask, other=0.0)
+    q_half = gl.zeros([W, 8], gl.float32, gl.SliceLayout(1, MMA))
+    if K_MODE == 9:
+        q = (q.to(gl.float32) * k_step).to(gl.float16)
+        m_n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        m_r = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+        r_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+        q_m = gl.load(
+            q_row + m_r[None, :, None] + m_n[None, None, :] * D + r_w[:, None, None] * 0,
+            mask=n_mask[None, None, :], other=0.0,
+        )  # fmt: skip
+        q_half = 0.5 * gl.sum((q_m.to(gl.float32) * k_step).to(gl.float16).to(gl.float32), axis=1)
+    return q, q_half
+
+
+@gluon.jit
 def _decode_lut_kernel(
     qr_ptr,  # rotated query × scale·log2 e [B, Hq, 128] float16, natural order, contiguous
     # keys and values as int32 words [NB, BS, H, Pk/4 or Pv/4] and their norms [NB, BS, H]; the token and
@@ -437,8 +460,8 @@ def _decode_lut_kernel(
     m_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
     m_n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
     m_r = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
-    r_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
     n_mask = m_n < G  # [8]
+    qb_mask = (qb_n < G)[None, None, :]
     RL_OUT: gl.constexpr = gl.SliceLayout(0, combine_layout(W))
     o_r = gl.arange(0, D, layout=gl.SliceLayout(1, RL_OUT))[:, None]  # [128, 1] logical rows
     o_n = gl.arange(0, 8, layout=gl.SliceLayout(0, RL_OUT))[None, :]  # [1, 8] heads of the kv head
@@ -451,6 +474,9 @@ def _decode_lut_kernel(
         start = s * split_tokens
         end = gl.minimum(start + split_tokens, ctx)
         bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+        q_row = qr_ptr + (b * Hq + h * G).to(gl.int64) * D
+        if not PDL:
+            q, q_half = _item_query(q_row, qb_off, qb_mask, n_mask, k_step, K_MODE, W, D, MMA)
         m_i = gl.full([W, 8], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
         l_i = gl.zeros([W, 8], gl.float32, gl.SliceLayout(1, MMA))
         acc = gl.zeros([W, D, 8], gl.float32, MMA)
@@ -478,15 +504,7 @@ def _decode_lut_kernel(
         bid = _tile_blocks(start + STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
         if PDL:  # the first tile is on its way; the rotated query may still be being written
             per_thread(GRID_WAIT_ASM, threads)
-        q_row = qr_ptr + (b * Hq + h * G).to(gl.int64) * D
-        q = gl.load(q_row + qb_off, mask=(qb_n < G)[None, None, :], other=0.0)  # Q̂ᵀ [W, 128, 8]
-        if K_MODE == 9:  # Σ q·c[k] = step·(Σ q·(k − 128) + Σ q/2)
-            q = (q.to(gl.float32) * k_step).to(gl.float16)
-            q_m = gl.load(
-                q_row + m_r[None, :, None] + m_n[None, None, :] * D + r_w[:, None, None] * 0,
-                mask=n_mask[None, None, :], other=0.0,
-            )  # fmt: skip
-            q_half = 0.5 * gl.sum((q_m.to(gl.float32) * k_step).to(gl.float16).to(gl.float32), axis=1)
+            q, q_half = _item_query(q_row, qb_off, qb_mask, n_mask, k_step, K_MODE, W, D, MMA)
         for t0 in range(start, end, STEP):
             if TMA:  # wait for the phase of the last stage
                 kwords, vwords = _tma_unstage_tile(
