@@ -153,7 +153,8 @@ def sweep_configs(variants: list[dict] | None = None) -> list[dict]:
 
 def sweep(copy_gbs: float, adopt: bool, variants: list[dict] | None = None) -> None:
     """Launch-configuration sweep (CUDA-graph µs); with `adopt`, the tables use the best (geometric mean)."""
-    shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4), (16, 32768, 8, 4)]
+    shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 4096, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4)]
+    shapes += [(1, 32768, 8, 4), (16, 32768, 8, 4)]
     cases = {s: Case(*s, dense=False) for s in shapes}
     base = dict(decode_module.CONFIG)
     best, best_score = base, math.inf

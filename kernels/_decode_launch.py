@@ -45,8 +45,8 @@ CONFIG = {
     # item walks at most this many tile steps (decode_lut.lut_combines)
     "lut_tma": True,  # its packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)
     "lut_min_wave_fill": 0.9,  # its split planning's `min_wave_fill` (H200, K4V4 16×4K: 57 µs, 62 at 1.0)
-    "lut_pdl": "one_wave",  # its launch dependent on the query rotation: True, False or "one_wave"
-    # (decode_lut.lut_pdl)
+    "lut_pdl_max_steps": 8,  # its launch dependent on the query rotation where every program takes one
+    # item of at most this many tile steps (0: never, None: always; decode_lut.lut_pdl)
     "lut_programs_per_sm": None,  # its programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm:
     # 2 on an H200, shared memory 64 KiB + warps · tile · 128 or 192 bytes)
 }

@@ -111,14 +111,15 @@ def lut_combines(max_tokens: int, splits: int) -> bool:
     return -(-max_tokens // (splits * step)) <= CONFIG["lut_combine_max_steps"]
 
 
-def lut_pdl(items: int, programs: int) -> bool:
-    """Whether the Gluon kernel is launched dependent on the query rotation (it then fills its table and
-    stages its first tile while the rotation runs): CONFIG's `lut_pdl`, True, False or "one_wave" (where
-    every program takes at most one item, so that prologue is not spread over many)."""
-    setting = CONFIG["lut_pdl"]
-    if setting == "one_wave":
-        return items <= programs
-    return bool(setting)
+def lut_pdl(items: int, programs: int, steps: int) -> bool:
+    """Whether the Gluon kernel is launched dependent on the query rotation (PDL: it fills its table and
+    stages its first tile while the rotation runs), for `items` of `steps` tile steps on `programs`: where
+    every program takes one item of at most CONFIG's `lut_pdl_max_steps` steps (0: never, None: always).
+    The overlap saves a few µs once per program; the PDL launch costs more than that where items are long
+    (H200, K4V4 graph µs, PDL against none: 1×32K, 8 steps: 31.6 against 36.1; 16×32K, 128 steps: 206.9
+    against 198.4)."""
+    limit = CONFIG["lut_pdl_max_steps"]
+    return limit is None or (items <= programs and steps <= limit)
 
 
 def lut_partials(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
@@ -157,12 +158,12 @@ def launch_lut(
     q = query if query.stride(-1) == 1 else query.contiguous()
     items = batch * num_kv_heads * splits
     grid = (min(items, per_sm * num_sms(dev)),)
-    pdl = lut_pdl(items, grid[0]) and use_pdl(dev)
+    split_tokens = step * -(-max_tokens // (splits * step))
+    pdl = lut_pdl(items, grid[0], split_tokens // step) and use_pdl(dev)
     rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True, pdl=pdl)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
     k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
-    split_tokens = step * -(-max_tokens // (splits * step))
     maps = _tensor_maps(k_packed, v_packed, min(block_size, tile)) if _use_tma(k_packed, v_packed) else None
     tma = maps is not None
     if tma:  # stage: the boxes, the mbarrier init, the key and value read-backs

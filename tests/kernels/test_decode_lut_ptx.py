@@ -213,14 +213,18 @@ def test_default_launch_keeps_two_programs_per_hopper_sm():
         assert 2 * (lut.shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
 
 
-@pytest.mark.parametrize("setting", ["one_wave", True, False])
-def test_dependent_launch_setting(monkeypatch, setting):
-    """`lut_pdl`: "one_wave" launches the kernel dependent on the query rotation only where no program takes a
-    second item; True and False always and never."""
-    monkeypatch.setitem(decode_lut.CONFIG, "lut_pdl", setting)
-    for items, programs in ((256, 264), (264, 264), (265, 264), (1024, 264)):
-        want = items <= programs if setting == "one_wave" else setting
-        assert decode_lut.lut_pdl(items, programs) is want
+# (items, programs, steps per item) → PDL-launched under lut_pdl_max_steps 8
+PDL_CASES = {(256, 264, 8): True, (264, 264, 1): True, (256, 264, 9): False, (265, 264, 1): False,
+             (1024, 264, 128): False}  # fmt: skip
+
+
+def test_dependent_launch_setting(monkeypatch):
+    """`lut_pdl_max_steps`: the kernel is launched dependent on the query rotation where no program takes a
+    second item and items walk at most that many tile steps; 0: never; None: always."""
+    for limit in (8, 0, None):
+        monkeypatch.setitem(decode_lut.CONFIG, "lut_pdl_max_steps", limit)
+        got = {case: decode_lut.lut_pdl(*case) for case in PDL_CASES}
+        assert got == {case: want if limit == 8 else limit is None for case, want in PDL_CASES.items()}
 
 
 def _tile_perm(m: int) -> int:

@@ -58,12 +58,12 @@ LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shap
     {"lut_min_work": 0, "lut_warps": 8, "lut_tile": 32, "lut_maxnreg": 128},
     {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
     {"lut_min_work": 0, "lut_tma": False},  # staging by cp.async (sm_80, and caches TMA cannot address)
-    {"lut_min_work": 0, "lut_pdl": False},  # launched after the query rotation, not dependent on it
+    {"lut_min_work": 0, "lut_pdl_max_steps": 0},  # launched after the query rotation, not dependent on it
     # 2 warps, one program per SM: many items per program (the combine's bytes reused between items), each
     # waiting for the query rotation (a no-op after the first)
     {
         "lut_min_work": 0,
-        "lut_pdl": True,
+        "lut_pdl_max_steps": None,
         "lut_warps": 2,
         "lut_tile": 32,
         "lut_maxnreg": 168,
@@ -173,8 +173,8 @@ def test_decode_gpu_unaligned_cache_declines_gluon(monkeypatch):
 
 @pytest.mark.parametrize("config", [
     LAYOUTS[0], LAYOUTS[1], {"lut_kernel": True, "lut_min_work": 0},
-    {"lut_kernel": True, "lut_min_work": 0, "lut_combine_max_steps": 1 << 30, "lut_pdl": True},
-    {"lut_kernel": True, "lut_min_work": 0, "lut_pdl": False},
+    {"lut_kernel": True, "lut_min_work": 0, "lut_combine_max_steps": 1 << 30, "lut_pdl_max_steps": None},
+    {"lut_kernel": True, "lut_min_work": 0, "lut_pdl_max_steps": 0},
 ])  # fmt: skip
 def test_decode_cuda_graph_capture_and_replay(monkeypatch, config):
     for key, value in config.items():
