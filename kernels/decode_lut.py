@@ -116,8 +116,8 @@ def lut_pdl(items: int, programs: int, steps: int) -> bool:
     stages its first tile while the rotation runs), for `items` of `steps` tile steps on `programs`: where
     every program takes one item of at most CONFIG's `lut_pdl_max_steps` steps (0: never, None: always).
     The overlap saves a few µs once per program; the PDL launch costs more than that where items are long
-    (H200, K4V4 graph µs, PDL against none: 1×32K, 8 steps: 31.6 against 36.1; 16×32K, 128 steps: 206.9
-    against 198.4)."""
+    (H200, K4V4 graph µs, PDL against none in one sweep: 1×32K, 8 steps: 31.2 against 33.1; 16×32K, 128
+    steps: 207.0 against 199.3)."""
     limit = CONFIG["lut_pdl_max_steps"]
     return limit is None or (items <= programs and steps <= limit)
 
