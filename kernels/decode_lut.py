@@ -107,8 +107,12 @@ def lut_combines(max_tokens: int, splits: int) -> bool:
     saves per item the warps' partial writes and the merge's reads of them; it costs ~4 % per step, since
     ptxas then allocates the tile loop's registers differently (H200, K4V4, graph µs: 1×32K, 8 steps: 33
     against 46; 16×4K, 16 steps: 49 against 54; 16×32K, 128 steps: 208 against 202)."""
-    step = CONFIG["lut_warps"] * CONFIG["lut_tile"]
-    return -(-max_tokens // (splits * step)) <= CONFIG["lut_combine_max_steps"]
+    return lut_item_steps(max_tokens, splits) <= CONFIG["lut_combine_max_steps"]
+
+
+def lut_item_steps(max_tokens: int, splits: int) -> int:
+    """Tile steps of W·T tokens an item walks: its split's share of the cache's token capacity."""
+    return -(-max_tokens // (splits * CONFIG["lut_warps"] * CONFIG["lut_tile"]))
 
 
 def lut_pdl(items: int, programs: int, steps: int) -> bool:
@@ -158,8 +162,9 @@ def launch_lut(
     q = query if query.stride(-1) == 1 else query.contiguous()
     items = batch * num_kv_heads * splits
     grid = (min(items, per_sm * num_sms(dev)),)
-    split_tokens = step * -(-max_tokens // (splits * step))
-    pdl = lut_pdl(items, grid[0], split_tokens // step) and use_pdl(dev)
+    steps = lut_item_steps(max_tokens, splits)
+    split_tokens = steps * step
+    pdl = lut_pdl(items, grid[0], steps) and use_pdl(dev)
     rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True, pdl=pdl)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
     k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
