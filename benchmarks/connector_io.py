@@ -5,8 +5,8 @@ cache) through the connector's worker code path, against a plain bf16 block copy
     python benchmarks/connector_io.py --tiny               # CPU smoke: 64 blocks × 2 layers × 2 heads × d64
 
 Path measured: ConnectorWorker.finish_step (stores: gather the blocks from vLLM's cache, encode — the Triton
-tq_encode_store on CUDA —, write the VRAM pool, record provenance) and ConnectorWorker.start_step (loads:
-check provenance, read the pool, decode — tq_dequantize_blocks on CUDA — and scatter into vLLM's blocks).
+tq_encode_store on CUDA —, write the VRAM pool, tag the slots) and ConnectorWorker.start_step (loads: check
+the slots' tags, read the pool, decode — tq_dequantize_blocks on CUDA — and scatter into vLLM's blocks).
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
@@ -22,8 +22,8 @@ import torch
 
 from tiercache.config import TierCacheConfig
 from tiercache.connectors.common import Geometry
-from tiercache.connectors.metadata import TierCacheMetadata
 from tiercache.connectors.worker import ConnectorWorker
+from tiercache.wire import VRAM, LoadItem, StepPlan, StoreItem
 
 
 def timed(fn, device: torch.device, repeat: int) -> float:
@@ -56,16 +56,19 @@ def bench_codec(codec: str, caches: dict, geometry: Geometry, blocks: int, repea
     hashes = [i.to_bytes(32, "little") for i in range(blocks)]
     src_ids = list(range(blocks))  # vLLM blocks saved …
     dst_ids = list(range(blocks, 2 * blocks))  # … and loaded back into other blocks
-    save = TierCacheMetadata(
-        0, stores=[[h, "vram", i, b] for i, (h, b) in enumerate(zip(hashes, src_ids, strict=True))]
+    save = StepPlan(
+        0,
+        stores=tuple(StoreItem(h, VRAM, i, b) for i, (h, b) in enumerate(zip(hashes, src_ids, strict=True))),
     )
-    load = TierCacheMetadata(
-        1, loads=[[h, "vram", i, b] for i, (h, b) in enumerate(zip(hashes, dst_ids, strict=True))]
+    load = StepPlan(
+        1, loads=tuple(LoadItem(h, VRAM, i, b) for i, (h, b) in enumerate(zip(hashes, dst_ids, strict=True)))
     )
     t_save = timed(lambda: worker.finish_step(save), device, repeat)
     t_load = timed(lambda: worker.start_step(load), device, repeat)
+    worker.finish_step(load)  # records the last load's step result
     report = worker.take_report()
-    assert report is not None and all(all(s[1]) and all(s[2]) for s in report.steps), "a save or load failed"
+    ok = report is not None and len(report.steps) == 2
+    assert ok and all(all(s.loads_ok) and all(s.stores_ok) for s in report.steps), "a save or load failed"
     assert not worker.take_load_errors()
     pool_bytes = worker.layout.block_bytes * blocks
     return {"save": t_save, "load": t_load, "pool_bytes": pool_bytes}

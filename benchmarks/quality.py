@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tiercache.cli.models import load_smollm2
 from tiercache.kernels import TurboQuantCodec
-from tiercache.models import load_smollm2
 
 ATTN_NAME = "tiercache_kv_quant"
 ROTATION = "haar"
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="rotation seed, the same for every K and V codec")
     parser.add_argument(
-        "--model-dir", default=None, help="HF checkpoint dir (default: tiercache.models cache)"
+        "--model-dir", default=None, help="HF checkpoint dir (default: tiercache.cli.models cache)"
     )
     parser.add_argument(
         "--tokens-file", default=None, help="load token ids from here if it exists, else save"

@@ -25,14 +25,14 @@ import time
 import torch
 
 try:
-    from tiercache.allocator import SlotAllocator
+    from tiercache.scheduler.allocator import SlotAllocator
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tiercache.allocator import SlotAllocator
-from tiercache.jobs import TransferJob
+    from tiercache.scheduler.allocator import SlotAllocator
 from tiercache.layout import BlockLayout
-from tiercache.pools import SECTIONS, DramPool, VramPool
-from tiercache.transfer import TransferEngine
+from tiercache.wire import DRAM, VRAM, TransferJob
+from tiercache.worker.pools import SECTIONS, DramPool, VramPool
+from tiercache.worker.transfer import TransferEngine
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -95,17 +95,19 @@ def main(argv=None) -> int:
     payload = n * layout.block_bytes
     job_ids = iter(range(1, 10**9))
 
-    def ours(kind, a, b):
+    names = tuple(i.to_bytes(4, "little") for i in range(n))  # a job names its blocks; the engine moves bytes
+
+    def ours(tiers, a, b):
         def fn():
-            engine.submit(TransferJob(next(job_ids), kind, tuple(a), tuple(b)))
+            engine.submit(TransferJob(next(job_ids), *tiers, tuple(a), tuple(b), names))
             results = engine.wait()
             assert all(r.ok for r in results), results
 
         return fn
 
     expected = vram.read(src)
-    ours("spill", src, run_slots)()
-    ours("warm", run_slots, back)()
+    ours((VRAM, DRAM), src, run_slots)()
+    ours((DRAM, VRAM), run_slots, back)()
     round_trip_ok = vram.read(back).equal(expected)
 
     idx_dev = torch.as_tensor(src, device=device)
@@ -125,12 +127,12 @@ def main(argv=None) -> int:
     dev = torch.empty(payload, dtype=torch.uint8, device=device)
     rows = []
     for label, fn in [
-        ("spill  ours", ours("spill", src, run_slots)),
-        ("spill  ours-scattered", ours("spill", src, scattered)),
+        ("spill  ours", ours((VRAM, DRAM), src, run_slots)),
+        ("spill  ours-scattered", ours((VRAM, DRAM), src, scattered)),
         ("spill  naive", naive_spill),
         ("spill  contiguous D2H", lambda: host.copy_(dev, non_blocking=True)),
-        ("warm   ours", ours("warm", run_slots, back)),
-        ("warm   ours-scattered", ours("warm", scattered, back)),
+        ("warm   ours", ours((DRAM, VRAM), run_slots, back)),
+        ("warm   ours-scattered", ours((DRAM, VRAM), scattered, back)),
         ("warm   naive", naive_warm),
         ("warm   contiguous H2D", lambda: dev.copy_(host, non_blocking=True)),
     ]:

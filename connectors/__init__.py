@@ -1,12 +1,12 @@
-"""vLLM KV connector, importable as tiercache.connectors.
+"""vLLM KV connector, importable as tiercache.connectors. One folder per role, as in tiercache itself.
 
 Provides (vLLM is imported only by the modules that need it):
-    vllm.TierCacheConnector     the KVConnectorBase_V1 subclass (thin glue, delegates by role)
-    scheduler.ConnectorScheduler   scheduler side: owns the TierManager, turns decisions into metadata
-    worker.ConnectorWorker         worker side: owns the TierWorker, encodes saves, decodes loads
-    metadata                    plain-data (msgpack-able) connector and worker metadata
-    kv_views                    K and V views over vLLM's per-layer caches for the running backend
-    common                      config resolution and block geometry shared by both sides
+    vllm.TierCacheConnector     the KVConnectorBase_V1 subclass: the boundary vLLM calls (both roles),
+                                where connector errors are caught and turned into misses
+    scheduler/                  scheduler role: ConnectorScheduler (owns the TierManager), RequestTracker
+    worker/                     worker role: ConnectorWorker (owns the TierWorker), codec_io, kv_views
+    metadata                    vLLM's metadata objects carrying the encoded StepPlan / WorkerReports
+    common                      config resolution and block geometry both roles derive identically
     plugin.register()           registers "TierCacheConnector" with vLLM's KVConnectorFactory
 
 Enable it with

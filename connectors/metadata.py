@@ -1,22 +1,16 @@
-"""Connector metadata: plain data both ways (lists of ints, bytes, strings and bools; msgpack-able).
+"""vLLM's connector metadata, carrying our wire values as bytes: the one encode and the one decode of each
+StepPlan and WorkerReport happen here, at the process boundary (vLLM moves these objects between processes).
 
 Provides:
-    TierCacheMetadata(step, loads, stores, jobs)     scheduler → workers, one per engine step
-        loads:  [[block_hash, tier, slot, vllm_block_id], …]   tier "" = refused by the manager: the
-                worker reports the block as a load error (vLLM recomputes it)
-        stores: [[block_hash, tier, slot, vllm_block_id], …]   encode vLLM's block into (tier, slot)
-        jobs:   [TransferJob.to_dict(), …]                      spills and warms
-    TierCacheWorkerMeta(steps, jobs, errors)         workers → scheduler, aggregated over ranks
-        steps:  [[step, stores_ok [bool…], loads_ok [bool…]], …]   aligned with that step's metadata
-        jobs:   [[job_id, ok], …]   one entry per rank that finished the job (the scheduler counts them)
-        errors: [reason, …]         what went wrong, for the scheduler's log
-    .to_dict() / .from_dict() on both.
+    TierCacheMetadata.of(plan)          scheduler → workers, one per engine step; .plan() decodes (cached:
+                                        both worker hooks of a step read the same decoded plan)
+    TierCacheWorkerMeta.of(report)      one rank → scheduler; aggregate() (vLLM calls it over the ranks of a
+                                        step) concatenates the encoded reports; .reports() decodes them
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from tiercache.wire import StepPlan, WorkerReport, decode, encode
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -34,44 +28,39 @@ except (
         pass
 
 
-@dataclass
 class TierCacheMetadata(KVConnectorMetadata):
-    step: int = 0
-    loads: list[list] = field(default_factory=list)
-    stores: list[list] = field(default_factory=list)
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "loads": self.loads, "stores": self.stores, "jobs": self.jobs}
+    def __init__(self, data: bytes) -> None:
+        self.data = data  # an encoded StepPlan
+        self._plan: StepPlan | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TierCacheMetadata:
-        return cls(int(data["step"]), [list(x) for x in data["loads"]], [list(x) for x in data["stores"]],
-                   [dict(j) for j in data["jobs"]])  # fmt: skip
+    def of(cls, plan: StepPlan) -> TierCacheMetadata:
+        return cls(encode(plan))
+
+    def plan(self) -> StepPlan:
+        if self._plan is None:
+            self._plan = decode(self.data, StepPlan)
+        return self._plan
+
+    def __getstate__(self) -> dict:
+        return {"data": self.data}  # the bytes travel, never a decoded copy
+
+    def __setstate__(self, state: dict) -> None:
+        self.data, self._plan = state["data"], None
 
 
-@dataclass
 class TierCacheWorkerMeta(KVConnectorWorkerMetadata):
-    steps: list[list] = field(default_factory=list)
-    jobs: list[list] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    def __init__(self, data: tuple[bytes, ...]) -> None:
+        self.data = data  # encoded WorkerReports, one per rank (and step) aggregated so far
+
+    @classmethod
+    def of(cls, report: WorkerReport) -> TierCacheWorkerMeta:
+        return cls((encode(report),))
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> TierCacheWorkerMeta:
-        """Combine two ranks' reports: a store or load is ok only if it is ok on every rank."""
-        assert isinstance(other, TierCacheWorkerMeta), type(other)
-        steps = {s[0]: [s[0], list(s[1]), list(s[2])] for s in self.steps}
-        for step, stores_ok, loads_ok in other.steps:
-            if step not in steps:
-                steps[step] = [step, list(stores_ok), list(loads_ok)]
-                continue
-            mine = steps[step]
-            mine[1] = [a and b for a, b in zip(mine[1], stores_ok, strict=True)]
-            mine[2] = [a and b for a, b in zip(mine[2], loads_ok, strict=True)]
-        return TierCacheWorkerMeta(list(steps.values()), self.jobs + other.jobs, self.errors + other.errors)
+        if not isinstance(other, TierCacheWorkerMeta):
+            raise TypeError(f"cannot aggregate TierCacheWorkerMeta with {type(other).__name__}")
+        return TierCacheWorkerMeta(self.data + other.data)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "jobs": self.jobs, "errors": self.errors}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TierCacheWorkerMeta:
-        return cls([list(s) for s in data["steps"]], [list(j) for j in data["jobs"]], list(data["errors"]))
+    def reports(self) -> list[WorkerReport]:
+        return [decode(data, WorkerReport) for data in self.data]

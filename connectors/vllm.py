@@ -1,26 +1,41 @@
-"""TierCacheConnector: vLLM's KV connector interface, delegating to the scheduler or the worker side.
+"""TierCacheConnector: vLLM's KV connector interface, delegating to the scheduler or the worker side. It is
+the boundary vLLM calls, and the one place where connector errors are caught.
 
 Provides:
     TierCacheConnector(vllm_config, role, kv_cache_config)    KVConnectorBase_V1 subclass
         .scheduler (ConnectorScheduler) on the scheduler role, .worker (ConnectorWorker) on the worker role
 
-Glue only (STYLE.md rule 7): decisions live in scheduler.py / the TierManager, execution in worker.py /
-the TierWorker. Load failures are recomputed: with the connector vLLM's kv_load_failure_policy is set to
-"recompute" (a tier cache miss is never a request error). Connector errors are logged and turned into
-misses or failed transfers, never raised into the engine (start-up configuration errors are raised).
+Glue only (STYLE.md rule 7): decisions live in connectors/scheduler/ and tiercache.scheduler, execution in
+connectors/worker/ and tiercache.worker. Every hook vLLM calls after start-up runs inside `_guarded`: an
+error is logged once, with what it costs, and turned into a miss — a lookup of 0 tokens, loads refused
+(vLLM recomputes them; kv_load_failure_policy is set to "recompute"), a step that stores nothing, a failed
+transfer — never raised into the engine. Start-up configuration errors are raised, and so is an unreadable
+step plan on a worker (see _plan).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from .common import Geometry, load_config
-from .metadata import TierCacheMetadata
+from .metadata import TierCacheMetadata, TierCacheWorkerMeta
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _guarded(what: str, cost: str, fn: Callable[..., T], *args, fallback: Callable[[str], T] | None = None):
+    """fn(*args); on an error, one log line (with the traceback) saying what failed and what it costs, then
+    fallback(reason) (or None)."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        logger.exception("tiercache: %s failed; %s", what, cost)
+        return fallback(f"{exc.__class__.__name__}: {exc}") if fallback is not None else None
 
 
 class TierCacheConnector(KVConnectorBase_V1):
@@ -57,7 +72,10 @@ class TierCacheConnector(KVConnectorBase_V1):
         self.worker.register(kv_caches, backends, isa)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        self.worker.start_step(self._get_connector_metadata())
+        plan = self._plan()
+        abandon = lambda reason: self.worker.abandon_loads(plan, reason)
+        _guarded(f"step {plan.step}: loading", "its loads are recomputed", self.worker.start_step, plan,
+                 fallback=abandon)  # fmt: skip
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous, done in start_load_kv
@@ -66,54 +84,70 @@ class TierCacheConnector(KVConnectorBase_V1):
         return  # stores read vLLM's cache once per step, in wait_for_save
 
     def wait_for_save(self) -> None:
-        self.worker.finish_step(self._get_connector_metadata())
+        plan = self._plan()
+        abandon = lambda reason: self.worker.abandon_stores(plan, reason)
+        _guarded(f"step {plan.step}: storing", "its blocks are not stored", self.worker.finish_step, plan,
+                 fallback=abandon)  # fmt: skip
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors()
 
-    def build_connector_worker_meta(self):
-        return self.worker.take_report()
+    def build_connector_worker_meta(self) -> TierCacheWorkerMeta | None:
+        report = _guarded("reporting to the scheduler", "this step's report is lost", self.worker.take_report)
+        return None if report is None else TierCacheWorkerMeta.of(report)
 
     def shutdown(self) -> None:
         if self.worker is not None:
-            self.worker.shutdown()
+            _guarded("waiting for transfers at shutdown", "they are abandoned", self.worker.shutdown)
         if self.scheduler is not None:
-            self.scheduler.close()
+            _guarded("closing the scheduler side", "nothing (shutting down)", self.scheduler.close)
+
+    def _plan(self):
+        """This step's StepPlan (decoded once per step). An unreadable plan (a bug, or different tiercache
+        versions in the two processes) is raised: without it the worker cannot tell vLLM which of the
+        blocks it counts as loaded were not written, and serving them unwritten would be wrong KV."""
+        return self._get_connector_metadata().plan()
 
     # ------------------------------------------------------------------ scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        try:
-            return self.scheduler.num_matched_tokens(request, num_computed_tokens), False
-        except Exception:
-            logger.exception(
-                "tiercache: lookup failed for request %s; treating as a miss", request.request_id
-            )
-            return 0, False
+        s = self.scheduler
+        what = f"lookup of request {request.request_id}"
+        n = _guarded(what, "treated as a miss", s.num_matched_tokens, request, num_computed_tokens)
+        return n or 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        s = self.scheduler
         block_ids = list(blocks.get_block_ids()[0])
-        try:
-            self.scheduler.after_alloc(request, block_ids, num_external_tokens)
-        except Exception:
-            logger.exception("tiercache: after_alloc failed for request %s; recomputing", request.request_id)
-            self.scheduler.refuse_loads(request, block_ids, num_external_tokens)
+        refuse = lambda reason: s.refuse_loads(request, block_ids, num_external_tokens)
+        what = f"admission of request {request.request_id}"
+        _guarded(what, "its loads are recomputed", s.after_alloc, request, block_ids, num_external_tokens,
+                 fallback=refuse)  # fmt: skip
+        self._drain()
 
     def build_connector_meta(self, scheduler_output) -> TierCacheMetadata:
-        try:
-            return self.scheduler.build_meta(scheduler_output)
-        except Exception:
-            logger.exception("tiercache: building connector metadata failed; this step stores nothing")
-            return self.scheduler.failed_meta()
+        s = self.scheduler
+        plan = _guarded("building the step plan", "this step stores nothing and recomputes its loads",
+                        s.build_plan, scheduler_output, fallback=s.refuse_step)  # fmt: skip
+        _guarded("releasing a refused step's reservations", "its slots stay reserved", s.release_refused_step)
+        _guarded("the eviction policy's step hint", "none", s.observe_step, plan)
+        self._drain()
+        return TierCacheMetadata.of(plan)
 
     def update_connector_output(self, connector_output) -> None:
-        try:
-            self.scheduler.on_worker_meta(connector_output.kv_connector_worker_meta)
-        except Exception:
-            logger.exception("tiercache: consuming worker reports failed")
+        meta = connector_output.kv_connector_worker_meta
+        if meta is not None:
+            reports = _guarded("reading worker reports", "their steps stay in flight", meta.reports)
+            if reports:
+                _guarded("applying worker reports", "some completions are lost", self.scheduler.on_reports,
+                         reports)  # fmt: skip
+        self._drain()
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self.scheduler.request_finished(request.request_id)
+        _guarded("request_finished", "none", self.scheduler.request_finished, request.request_id)
         return False, None
+
+    def _drain(self) -> None:
+        _guarded("recording events for inspection", "inspection misses them", self.scheduler.drain_events)
 
 
 def _cpu_isa(kv_cache_config) -> str:

@@ -12,8 +12,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tier
 import torch
 from vllm import LLM, SamplingParams
 
+from tiercache.cli.models import smollm2_path
 from tiercache.inspect import connect
-from tiercache.models import smollm2_path
 
 if __name__ == "__main__":
     model = sys.argv[1] if len(sys.argv) > 1 else str(smollm2_path())

@@ -199,7 +199,7 @@ def test_uniform_round_trip_costs_what_the_density_says(bits):
 
 
 def test_codec_report_rows_per_codebook():
-    from tiercache.codec_report import format_table, measure
+    from tiercache.cli.codec_report import format_table, measure
 
     rows = [measure(64, 8, 2000, "haar", 0, 1, codebook) for codebook in CODEBOOK_KINDS]
     assert [r.codebook for r in rows] == list(CODEBOOK_KINDS)

@@ -1,12 +1,12 @@
-"""tiercache.models: error paths and cache logic (fast, no model); loading the real model is marked slow."""
+"""tiercache.cli.models: error paths and cache logic (fast, no model); loading the real model is slow."""
 
 import importlib.metadata
 from pathlib import Path
 
 import pytest
 
-from tiercache import models
-from tiercache.models import ModelUnavailableError
+from tiercache.cli import models
+from tiercache.cli.models import ModelUnavailableError
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
 

@@ -1,4 +1,5 @@
-"""Block geometry and byte layout shared by the pools, the manager's capacity and the planner.
+"""Block geometry, byte layout and tier capacities: shared by the scheduler side (the manager's capacities),
+the worker side (the pools' sizes) and the planner, so both processes derive the same numbers.
 
 Provides:
     BlockLayout(num_layers, block_size, num_kv_heads, k_packed_dim, v_packed_dim)
@@ -7,6 +8,9 @@ Provides:
         .sections()       [(name, byte offset in a block, shape per block, dtype name)]
         .blocks_in(bytes, tier) / .bytes_per_token
         from_spec(spec, num_layers, num_kv_heads, head_dim, block_size, dtype_bytes)
+    tier_capacities(config, layout) -> {tier: blocks}   per rank, from the config's tier sizes
+    contiguous_runs(slots) -> [(start, length)]         how a slot list splits into runs (a run of DRAM
+                                                        slots is one DMA)
 
 Per block (one rank's KV-head shard), in the VRAM tier's 5-D format:
     k_packed [L, BS, H, Pk] uint8   v_packed [L, BS, H, Pv] uint8   k_norms, v_norms [L, BS, H] float32
@@ -14,9 +18,11 @@ Per block (one rank's KV-head shard), in the VRAM tier's 5-D format:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tiercache.codecs import NORM_BYTES, KVCodecSpec
+from tiercache.wire import DRAM, VRAM
 
 DRAM_ALIGN = 64
 SECTION_ALIGN = 16
@@ -83,9 +89,33 @@ class BlockLayout:
     def bytes_per_token(self) -> float:
         return self.block_bytes / self.block_size
 
-    def blocks_in(self, num_bytes: int, tier: str = "vram") -> int:
-        return num_bytes // (self.dram_stride if tier == "dram" else self.block_bytes)
+    def blocks_in(self, num_bytes: int, tier: str = VRAM) -> int:
+        return num_bytes // (self.dram_stride if tier == DRAM else self.block_bytes)
+
+
+def tier_capacities(config, layout: BlockLayout) -> dict[str, int]:
+    """{"vram": blocks, "dram": blocks} per rank for a TierCacheConfig and a per-rank BlockLayout. Sizes in
+    tokens are whole blocks of block_size tokens; sizes in bytes hold floor(bytes / bytes per block) blocks
+    (a DRAM block takes its 64-byte-aligned stride)."""
+
+    def blocks(size, tier: str) -> int:
+        if size.tokens is not None:
+            return size.tokens // layout.block_size
+        return layout.blocks_in(size.bytes, tier)
+
+    return {VRAM: blocks(config.tiers.vram, VRAM), DRAM: blocks(config.tiers.dram, DRAM)}
 
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def contiguous_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
+    """[3, 4, 5, 9, 10, 2] → [(3, 3), (9, 2), (2, 1)]: maximal runs of consecutive slots, in order."""
+    runs: list[tuple[int, int]] = []
+    for slot in slots:
+        if runs and runs[-1][0] + runs[-1][1] == slot:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((slot, 1))
+    return runs

@@ -132,7 +132,7 @@ def measure(codecs: list[str]) -> dict[str, dict[str, float]]:
     """Baseline engine, then one engine per codec; the comparison per codec (see the module docstring)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from tiercache.models import smollm2_path
+    from tiercache.cli.models import smollm2_path
 
     model = str(smollm2_path())
     t0 = time.time()

@@ -11,6 +11,8 @@ from tiercache.config import TierCacheConfig
 from tiercache.connectors.common import Geometry
 from tiercache.connectors.metadata import TierCacheWorkerMeta
 from tiercache.connectors.scheduler import ConnectorScheduler
+from tiercache.scheduler.moves import Mover
+from tiercache.wire import JobResult, StepResult, WorkerReport
 
 BS = 32
 
@@ -43,8 +45,13 @@ def step_output(new=(), cached=(), scheduled=None):
     )
 
 
-def all_ok(meta) -> TierCacheWorkerMeta:
-    return TierCacheWorkerMeta([[meta.step, [True] * len(meta.stores), [True] * len(meta.loads)]])
+def all_ok(plan) -> WorkerReport:
+    """One rank's report of a plan: every load and store done."""
+    return WorkerReport((StepResult(plan.step, (True,) * len(plan.loads), (True,) * len(plan.stores)),))
+
+
+def job_done(job_id: int) -> WorkerReport:
+    return WorkerReport(jobs=(JobResult(job_id, True, 1, 0, 0.0),))
 
 
 def test_prefill_stores_full_blocks_then_a_second_request_loads_them():
@@ -52,21 +59,22 @@ def test_prefill_stores_full_blocks_then_a_second_request_loads_them():
     first = request("a", 5)
     assert sched.num_matched_tokens(first, 0) == 0
     sched.after_alloc(first, list(range(10, 16)), 0)
-    meta = sched.build_meta(
+    meta = sched.build_plan(
         step_output(new=[("a", list(range(10, 16)), 0)], scheduled={"a": first.num_tokens})
     )
-    assert [s[3] for s in meta.stores] == [10, 11, 12, 13, 14]  # 5 full blocks; the partial 6th is not stored
+    assert [s.block_id for s in meta.stores] == [10, 11, 12, 13, 14]  # 5 full; the partial 6th is not stored
     assert sched.num_matched_tokens(first, 0) == 0  # stores in flight are not hits yet
-    sched.on_worker_meta(all_ok(meta))
+    sched.on_reports([all_ok(meta)])
     second = request("b", 5, extra_tokens=40)  # same 5 blocks, then its own tokens
     assert sched.num_matched_tokens(second, 0) == 5 * BS
     assert sched.num_matched_tokens(second, 2 * BS) == 3 * BS  # minus what vLLM computed itself
     sched.num_matched_tokens(second, 0)
     sched.after_alloc(second, list(range(20, 27)), 5 * BS)
-    meta = sched.build_meta(step_output(new=[("b", list(range(20, 27)), 5 * BS)], scheduled={"b": 40}))
-    assert [(x[0], x[3]) for x in meta.loads] == [(h, 20 + i) for i, h in enumerate(second.block_hashes[:5])]
-    assert [s[3] for s in meta.stores] == [25]  # block 5 became full this step
-    sched.on_worker_meta(all_ok(meta))
+    meta = sched.build_plan(step_output(new=[("b", list(range(20, 27)), 5 * BS)], scheduled={"b": 40}))
+    loads = [(x.block_hash, x.block_id) for x in meta.loads]
+    assert loads == [(h, 20 + i) for i, h in enumerate(second.block_hashes[:5])]
+    assert [s.block_id for s in meta.stores] == [25]  # block 5 became full this step
+    sched.on_reports([all_ok(meta)])
     assert sched.counters == {"loaded_blocks": 5, "load_failures": 0, "stored_blocks": 6, "store_failures": 0}
     sched.manager.check()
 
@@ -75,8 +83,8 @@ def test_a_hit_never_covers_the_last_prompt_token():
     sched = make()
     req = request("a", 4, extra_tokens=0)  # exactly 4 full blocks
     sched.after_alloc(req, [0, 1, 2, 3], 0)
-    sched.on_worker_meta(
-        all_ok(sched.build_meta(step_output(new=[("a", [0, 1, 2, 3], 0)], scheduled={"a": 128})))
+    sched.on_reports(
+        [all_ok(sched.build_plan(step_output(new=[("a", [0, 1, 2, 3], 0)], scheduled={"a": 128})))]
     )
     assert sched.num_matched_tokens(request("b", 4, extra_tokens=0), 0) == 3 * BS
 
@@ -88,39 +96,57 @@ def test_failed_loads_are_dropped_and_jobs_complete_once_every_rank_reported():
         req = request(rid, 3, tag=i)
         ids = [3 * i, 3 * i + 1, 3 * i + 2]
         sched.after_alloc(req, ids, 0)
-        meta = sched.build_meta(step_output(new=[(rid, ids, 0)], scheduled={rid: 101}))
-        sched.on_worker_meta(all_ok(meta).aggregate(all_ok(meta)))
+        meta = sched.build_plan(step_output(new=[(rid, ids, 0)], scheduled={rid: 101}))
+        sched.on_reports(ranks(all_ok(meta), all_ok(meta)))
         jobs += meta.jobs
-    jobs += sched.build_meta(step_output()).jobs
+    jobs += sched.build_plan(step_output()).jobs
     assert jobs and sched.manager.stats()["jobs_in_flight"] == len(jobs)
     for job in jobs:
-        sched.on_worker_meta(TierCacheWorkerMeta(jobs=[[job["job_id"], True]]))  # rank 0 only
+        sched.on_reports([job_done(job.job_id)])  # rank 0 only
     assert sched.manager.stats()["jobs_in_flight"] == len(jobs)
     for job in jobs:
-        sched.on_worker_meta(TierCacheWorkerMeta(jobs=[[job["job_id"], True]]))  # rank 1
+        sched.on_reports([job_done(job.job_id)])  # rank 1
     assert sched.manager.stats()["jobs_in_flight"] == 0
     again = request("a2", 3, tag=0)
     assert sched.num_matched_tokens(again, 0) == 3 * BS
     sched.after_alloc(again, [30, 31, 32], 3 * BS)
-    meta = sched.build_meta(step_output(new=[("a2", [30, 31, 32], 3 * BS)], scheduled={"a2": 5}))
-    report = all_ok(meta).aggregate(TierCacheWorkerMeta([[meta.step, [], [True, False, True]]]))
-    sched.on_worker_meta(report)  # rank 1 failed the second block: it is dropped, the others stay
+    meta = sched.build_plan(step_output(new=[("a2", [30, 31, 32], 3 * BS)], scheduled={"a2": 5}))
+    rank1 = WorkerReport((StepResult(meta.step, (True, False, True), ()),))
+    sched.on_reports(
+        ranks(all_ok(meta), rank1)
+    )  # rank 1 failed the second block: it is dropped, the others stay
     assert sched.counters["load_failures"] == 1
     assert sched.num_matched_tokens(request("a3", 3, tag=0), 0) == BS
+    sched.drain_events()  # what the connector does after every hook
     assert any(e.kind == "drop" and "load failed" in e.reason for e in sched.events)
     sched.manager.check()
 
 
 # ---------------------------------------------------------------------- failures while building a step
+def aggregated(*reports: WorkerReport) -> TierCacheWorkerMeta:
+    """The ranks' reports of one step as vLLM hands them to the scheduler: encoded per rank, aggregated."""
+    meta = TierCacheWorkerMeta.of(reports[0])
+    for report in reports[1:]:
+        meta = meta.aggregate(TierCacheWorkerMeta.of(report))
+    return meta
+
+
+def ranks(*reports: WorkerReport) -> list[WorkerReport]:
+    return aggregated(*reports).reports()
+
+
 def connector(sched: ConnectorScheduler):
-    """The real TierCacheConnector glue (its scheduler-side methods use only .scheduler) around `sched`."""
+    """The real TierCacheConnector (its scheduler-side hooks use only .scheduler) around `sched`; build
+    returns the StepPlan the workers would decode, report takes WorkerReports."""
     from tiercache.connectors.vllm import TierCacheConnector
 
-    glue = SimpleNamespace(scheduler=sched)
+    glue = TierCacheConnector.__new__(TierCacheConnector)  # the hooks, without vLLM's start-up
+    glue.scheduler = sched
+
     return SimpleNamespace(
-        build=lambda output: TierCacheConnector.build_connector_meta(glue, output),
-        report=lambda meta: TierCacheConnector.update_connector_output(
-            glue, SimpleNamespace(kv_connector_worker_meta=meta)
+        build=lambda output: glue.build_connector_meta(output).plan(),
+        report=lambda *reports: glue.update_connector_output(
+            SimpleNamespace(kv_connector_worker_meta=aggregated(*reports))
         ),
     )
 
@@ -131,8 +157,9 @@ def injected(*_args, **_kwargs):
 
 def in_flight(sched: ConnectorScheduler) -> tuple[int, int]:
     """(stores in flight, loads in flight) the manager holds."""
-    entries = sched.manager.index.entries.values()
-    return sum(not e.ready for e in entries), sum(e.refs for e in entries)
+    view = sched.manager.view()
+    blocks = [view.block(h) for h in view.hashes()]
+    return sum(not b.ready for b in blocks), sum(b.loads_in_flight for b in blocks)
 
 
 def admit(sched, rid: str, blocks: int, ids: list[int], tag: int = 0, external: int = 0):
@@ -160,7 +187,7 @@ def test_failure_after_prepare_store_aborts_exactly_its_stores(monkeypatch):
     monkeypatch.setattr(sched.manager, "take_jobs", injected)  # fails after prepare_store reserved 5 slots
     meta = glue.build(output)
     monkeypatch.undo()
-    assert meta.stores == [] and meta.jobs == []
+    assert meta.stores == () and meta.jobs == ()
     assert sched.manager.stats()["vram_free"] == free and in_flight(sched) == (2, 0)  # the earlier 2 remain
     sched.manager.check()
     aborted = [e for e in sched.events if e.kind == "store" and not e.stored]
@@ -171,7 +198,7 @@ def test_failure_after_prepare_store_aborts_exactly_its_stores(monkeypatch):
     assert in_flight(sched) == (0, 0) and sched.counters["stored_blocks"] == 2
     _, output = prefill(sched, "c", 5, list(range(20, 26)))  # the next step stores the same blocks normally
     meta = glue.build(output)
-    assert [s[0] for s in meta.stores] == req.block_hashes[:5]
+    assert [s.block_hash for s in meta.stores] == req.block_hashes[:5]
     glue.report(all_ok(meta))
     assert sched.num_matched_tokens(request("d", 5), 0) == 5 * BS and in_flight(sched) == (0, 0)
     sched.manager.check()
@@ -181,10 +208,10 @@ def test_failure_inside_prepare_store_reserves_nothing(monkeypatch):
     sched = make(vram_blocks=8)
     glue = connector(sched)
     _, output = prefill(sched, "a", 7, list(range(8)))
-    monkeypatch.setattr(sched.manager.mover, "make_vram_room", injected)  # after the slots are allocated
+    monkeypatch.setattr(Mover, "vram_room", injected)  # after the slots are allocated
     meta = glue.build(output)
     monkeypatch.undo()
-    assert meta.stores == [] and in_flight(sched) == (0, 0) and sched.manager.stats()["blocks"] == 0
+    assert meta.stores == () and in_flight(sched) == (0, 0) and sched.manager.stats()["blocks"] == 0
     assert sched.manager.stats()["vram_free"] == 8
     sched.manager.check()
 
@@ -199,9 +226,11 @@ def test_a_failed_step_refuses_its_loads_without_dropping_the_blocks(monkeypatch
     monkeypatch.setattr(sched.manager, "take_jobs", injected)
     meta = glue.build(output)
     monkeypatch.undo()
-    assert [(x[1], x[3]) for x in meta.loads] == [("", 10 + i) for i in range(5)]  # refused: vLLM recomputes
+    assert [(x.tier, x.block_id) for x in meta.loads] == [
+        (None, 10 + i) for i in range(5)
+    ]  # refused: recompute
     assert in_flight(sched) == (0, 0)  # nothing will read them: unpinned at once
-    glue.report(TierCacheWorkerMeta([[meta.step, [], [False] * 5]]))  # workers report refused loads as errors
+    glue.report(WorkerReport((StepResult(meta.step, (False,) * 5, ()),)))  # refused loads: reported as errors
     assert sched.counters["load_failures"] == 5
     assert sched.num_matched_tokens(request("c", 5), 0) == 5 * BS  # the blocks were fine: not dropped
     assert not [e for e in sched.events if e.kind == "drop"]
@@ -219,8 +248,9 @@ def test_an_inspection_failure_after_the_metadata_is_complete_loses_nothing(monk
     monkeypatch.setattr(sched.inspection, "record", injected)
     meta = glue.build(output)
     monkeypatch.undo()
-    assert [(x[0], x[3]) for x in meta.loads] == list(zip(req.block_hashes[:5], range(10, 15), strict=True))
-    assert all(x[1] for x in meta.loads) and [s[3] for s in meta.stores] == [30]  # served and stored
+    loads = [(x.block_hash, x.block_id) for x in meta.loads]
+    assert loads == list(zip(req.block_hashes[:5], range(10, 15), strict=True))
+    assert all(x.tier for x in meta.loads) and [s.block_id for s in meta.stores] == [30]  # served and stored
     glue.report(all_ok(meta))
     assert in_flight(sched) == (0, 0) and sched.counters["loaded_blocks"] == 5
     sched.manager.check()
@@ -234,8 +264,8 @@ def test_a_malformed_worker_report_fails_its_step_and_keeps_the_rest():
     _, output = prefill(sched, "b", 2, [10, 11, 12], tag=5)
     meta = glue.build(output)  # one store to VRAM, one to DRAM, and a spill to restore the watermark
     assert len(meta.stores) == 2 and len(meta.jobs) == 1
-    jobs = [[meta.jobs[0]["job_id"], True]]
-    glue.report(TierCacheWorkerMeta([[meta.step, [True], []]], jobs))  # one store result missing
+    jobs = (JobResult(meta.jobs[0].job_id, True, 1, 0, 0.0),)
+    glue.report(WorkerReport((StepResult(meta.step, (), (True,)),), jobs))  # one store result missing
     assert in_flight(sched) == (0, 0) and sched.manager.stats()["jobs_in_flight"] == 0
     assert sched.counters["store_failures"] == 2 and sched.counters["stored_blocks"] == 3
     sched.manager.check()

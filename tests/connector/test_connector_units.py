@@ -1,48 +1,58 @@
-"""Connector pieces without an engine: metadata as plain msgpack data, worker-report aggregation, K/V views
-against vLLM's own CPU cache op, config resolution, registration by name, the codec round trip into views."""
+"""Connector pieces without an engine: step plans and reports as bytes through vLLM's metadata objects,
+worker-report aggregation, K/V views against vLLM's own CPU cache op, config resolution, registration by
+name, the codec round trip into views."""
 
 from __future__ import annotations
 
+import pickle
 from types import SimpleNamespace
 
-import msgpack
 import pytest
 import torch
 
 from tiercache.codecs import KVCodecSpec
-from tiercache.connectors.codec_io import decode_blocks, encode_blocks
 from tiercache.connectors.common import load_config
-from tiercache.connectors.kv_views import cpu_block_map, kv_access
 from tiercache.connectors.metadata import TierCacheMetadata, TierCacheWorkerMeta
-from tiercache.jobs import TransferJob
+from tiercache.connectors.worker.codec_io import decode_blocks, encode_blocks
+from tiercache.connectors.worker.kv_views import cpu_block_map, kv_access
 from tiercache.layout import BlockLayout
+from tiercache.wire import (
+    DRAM,
+    VRAM,
+    JobResult,
+    LoadItem,
+    StepPlan,
+    StepResult,
+    StoreItem,
+    TransferJob,
+    WorkerReport,
+)  # fmt: skip
 
 H = b"\x01" * 32
 
 
-def roundtrip(data):
-    return msgpack.unpackb(msgpack.packb(data, use_bin_type=True), raw=False)
-
-
-def test_metadata_is_plain_msgpack_data():
-    meta = TierCacheMetadata(
-        7, loads=[[H, "dram", 3, 11], [H, "", -1, 12]], stores=[[b"\x02" * 32, "vram", 0, 5]],
-        jobs=[TransferJob(1, "spill", (0, 1), (8, 9)).to_dict()],
+def test_step_plans_and_reports_cross_the_process_boundary_as_bytes():
+    plan = StepPlan(
+        7, loads=(LoadItem(H, DRAM, 3, 11), LoadItem(H, None, -1, 12)),
+        stores=(StoreItem(b"\x02" * 32, VRAM, 0, 5),),
+        jobs=(TransferJob(1, VRAM, DRAM, (0, 1), (8, 9), (H, b"\x03" * 32)),),
     )  # fmt: skip
-    back = TierCacheMetadata.from_dict(roundtrip(meta.to_dict()))
-    assert back == meta
-    assert TransferJob.from_dict(back.jobs[0]) == TransferJob(1, "spill", (0, 1), (8, 9))
-    report = TierCacheWorkerMeta([[7, [True], [True, False]]], [[1, True]], ["x"])
-    assert TierCacheWorkerMeta.from_dict(roundtrip(report.to_dict())) == report
+    meta = TierCacheMetadata.of(plan)
+    sent = pickle.loads(pickle.dumps(meta))  # how vLLM moves it to the worker processes
+    assert sent.__dict__.keys() >= {"data"} and sent.plan() == plan and sent.plan() is sent.plan()
+    report = WorkerReport((StepResult(7, (True, False), (True,)),), (JobResult(1, True, 2, 64, 0.5),), ("x",))
+    assert pickle.loads(pickle.dumps(TierCacheWorkerMeta.of(report))).reports() == [report]
 
 
 def test_worker_reports_aggregate_across_ranks():
-    a = TierCacheWorkerMeta([[3, [True, True], [True]]], [[1, True]], [])
-    b = TierCacheWorkerMeta([[3, [True, False], [False]], [4, [], []]], [[1, True]], ["rank 1: boom"])
-    merged = a.aggregate(b)
-    assert merged.steps == [[3, [True, False], [False]], [4, [], []]]
-    assert merged.jobs == [[1, True], [1, True]]  # the scheduler counts one report per rank
-    assert merged.errors == ["rank 1: boom"]
+    job = JobResult(1, True, 1, 8, 0.1)
+    a = WorkerReport((StepResult(3, (True,), (True, True)),), (job,))
+    steps = (StepResult(3, (False,), (True, False)), StepResult(4, (), ()))
+    b = WorkerReport(steps, (job,), ("rank 1: boom",))
+    merged = TierCacheWorkerMeta.of(a).aggregate(TierCacheWorkerMeta.of(b))
+    assert merged.reports() == [a, b]  # every rank's report reaches the scheduler, which ANDs them per step
+    with pytest.raises(TypeError, match="cannot aggregate"):
+        merged.aggregate(SimpleNamespace())
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -29,17 +29,16 @@ def test_loaded_kv_is_the_codec_round_trip(llm):
             for k, v in zip(worker.k_views, worker.v_views, strict=True)
         ]
 
-    def store(stores):
-        for block_hash, _, _, block_id in stores:
-            original[bytes(block_hash)] = read(block_id)
-        return real_store(stores)
+    def store(step):
+        for item in step.plan.stores:
+            original[item.block_hash] = read(item.block_id)
+        return real_store(step)
 
-    def load(loads):
-        ok = real_load(loads)
-        for (block_hash, _, _, block_id), done in zip(loads, ok, strict=True):
+    def load(step):
+        real_load(step)
+        for item, done in zip(step.plan.loads, step.loads_ok, strict=True):
             if done:
-                loaded[bytes(block_hash)] = read(block_id)
-        return ok
+                loaded[item.block_hash] = read(item.block_id)
 
     worker._store, worker._load = store, load
     try:

@@ -26,7 +26,7 @@ def test_decisions_reach_a_socket_client(evicting_run):
     _, sched, _ = evicting_run
     service = sched.inspection_service
     assert service is not None and stat.S_IMODE(service.path.stat().st_mode) == 0o600
-    sched.inspection.publish(sched.manager, force=True)
+    sched.inspection.publish(sched.manager.view(), force=True)
     with connect(service.path) as client:
         stats = client.stats()
         decisions = client.decisions(limit=50)
@@ -42,9 +42,9 @@ def test_decisions_reach_a_socket_client(evicting_run):
 def test_in_process_client_sees_the_same_state(evicting_run):
     _, sched, outs = evicting_run
     with connect(state=sched.inspection) as local, connect(sched.inspection_service.path) as remote:
-        sched.inspection.publish(sched.manager, force=True)
+        sched.inspection.publish(sched.manager.view(), force=True)
         a, b = local.stats(), remote.stats()
         assert (a.evictions, a.tokens_loaded, a.blocks) == (b.evictions, b.tokens_loaded, b.blocks)
-        explained = local.explain(next(iter(sched.manager.index.entries)))
+        explained = local.explain(sched.manager.view().hashes()[0])
     assert explained.stored and explained.summary
     assert sum(o.num_cached_tokens for o in outs) == a.tokens_loaded

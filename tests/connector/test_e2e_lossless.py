@@ -40,7 +40,7 @@ def new_events(sched, since: int) -> list:
 
 
 def stored_blocks_of(sched, before: set[bytes]) -> list[bytes]:
-    return [h for h in sched.manager.index.entries if h not in before]
+    return [h for h in sched.manager.view().hashes() if h not in before]
 
 
 def test_exact_reuse_equals_no_connector(llm, baseline):
@@ -57,7 +57,7 @@ def test_wrong_kv_changes_output(llm, baseline):
     so loaded KV is really used."""
     first, second = SHARED["negative"]
     sched, worker = scheduler_side(llm), worker_side()
-    before = set(sched.manager.index.entries)
+    before = set(sched.manager.view().hashes())
     assert run(llm, [first])[0] == [baseline[first]]
     gen = torch.Generator().manual_seed(0)
     for block_hash in stored_blocks_of(sched, before):
@@ -93,12 +93,12 @@ def test_spill_to_dram_and_warm_back(llm, baseline):
 def test_corrupted_codec_id_is_recomputed(llm, baseline):
     first, second = SHARED["bad_codec_id"]
     sched, worker = scheduler_side(llm), worker_side()
-    before = set(sched.manager.index.entries)
+    before = set(sched.manager.view().hashes())
     run(llm, [first])
     stored = stored_blocks_of(sched, before)
     for block_hash in stored:
         info = sched.manager.info(block_hash)
-        worker.provenance[info.tier, info.slot] = (block_hash, "K:bogus|V:bogus")
+        worker.tiers.tags.set(info.tier, [info.slot], [block_hash], "K:bogus|V:bogus")
     since, failures = len(sched.events), sched.counters["load_failures"]
     got, _ = run(llm, [second])
     assert got == [baseline[second]]
@@ -113,7 +113,7 @@ def test_failed_load_transfer_is_recomputed(llm, baseline, monkeypatch):
     sched, worker = scheduler_side(llm), worker_side()
     run(llm, [first])
 
-    def broken_load(tiers, slots):
+    def broken_load(items):
         raise RuntimeError("injected: DRAM read failed")
 
     monkeypatch.setattr(worker.tiers, "load", broken_load)

@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.slow
 def test_second_turn_from_the_tiers_smollm2():
-    from tiercache.models import ModelUnavailableError, smollm2_path
+    from tiercache.cli.models import ModelUnavailableError, smollm2_path
 
     try:
         smollm2_path()

@@ -12,8 +12,8 @@ import pytest
 from tiercache.config import EvictionConfig
 from tiercache.inspect import InspectionService, InspectionState
 from tiercache.inspect.protocol import HEADER, MAX_RESPONSE_BYTES, pack_frame, recv_frame
-from tiercache.manager import TierManager
-from tiercache.policy import make_policy
+from tiercache.scheduler.manager import TierManager
+from tiercache.scheduler.policies import make_policy
 
 
 def h(i: int) -> bytes:
@@ -33,7 +33,7 @@ class Workload:
         m = self.manager
         if lookups:
             m.lookup([h(i) for i in lookups])
-            out = m.prepare_load([h(i) for i in lookups if h(i) in m.index])
+            out = m.prepare_load([h(i) for i in lookups if h(i) in m.view()])
             if out is not None:
                 m.complete_load(out.block_hashes)
         out = m.prepare_store([h(i) for i in ids])
@@ -44,7 +44,7 @@ class Workload:
         events = m.take_events()
         self.events += events
         self.state.record(events)
-        self.state.publish(m)
+        self.state.publish(m.view())
 
     def run(self, turns: int = 12) -> Workload:
         advisor = getattr(self.policy, "advisor", None)
@@ -54,7 +54,7 @@ class Workload:
             prefix = [0, 1, 2, 3]  # a shared "system prompt"
             new = [100 + 3 * turn, 101 + 3 * turn, 102 + 3 * turn]
             self.step([*prefix, *new], lookups=[*prefix, 97 + 3 * turn])
-        self.state.publish(self.manager, force=True)
+        self.state.publish(self.manager.view(), force=True)
         return self
 
     def close(self) -> None:

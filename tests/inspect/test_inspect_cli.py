@@ -47,7 +47,7 @@ def test_json(served, capsys):
 
 def test_explain(served, capsys):
     run, service = served
-    stored = next(iter(run.manager.index.entries)).hex()
+    stored = run.manager.view().hashes()[0].hex()
     assert main(["inspect", "--socket", str(service.path), "--decisions", "0", "--explain", stored[:16]]) == 0
     out = capsys.readouterr().out
     assert f"explain {stored}" in out and "LRU: idle" in out and "latest decisions" not in out

@@ -75,11 +75,11 @@ def test_publish_rate_limit_and_bounded_decisions():
     try:
         w.state = InspectionState(max_decisions=5)
         w.step([1])
-        assert w.state.publish(w.manager, force=True)
-        assert not w.state.publish(w.manager)  # within min_interval
+        assert w.state.publish(w.manager.view(), force=True)
+        assert not w.state.publish(w.manager.view())  # within min_interval
         for i in range(40):
             w.step([10 + i])
-        w.state.publish(w.manager, force=True)
+        w.state.publish(w.manager.view(), force=True)
         assert len(connect(state=w.state).decisions(limit=100)) == 5
     finally:
         w.state.close()
@@ -95,7 +95,7 @@ def test_tokens_ttft_and_bytes(short_dir):
         for t in (0.01, 0.02, 0.03):
             w.state.record_ttft(t, hit=True)
         w.state.record_ttft(0.5, hit=False)
-        w.state.publish(w.manager, force=True)
+        w.state.publish(w.manager.view(), force=True)
         with InspectionService(w.state, short_dir / "t.sock") as service, connect(service.path) as client:
             stats = client.stats()
         assert stats.token_hit_rate == 0.75 and stats.tokens_loaded == 96

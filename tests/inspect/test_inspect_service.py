@@ -14,9 +14,9 @@ import pytest
 from conftest import Workload
 
 from tiercache.config import InspectConfig
-from tiercache.events import EvictionEvent
 from tiercache.inspect import InspectError, InspectionService, InspectionState, connect
 from tiercache.inspect import paths as inspect_paths
+from tiercache.scheduler.events import EvictionEvent
 
 
 def test_lru_decisions_arrive_through_the_socket(served):
@@ -46,18 +46,18 @@ def test_stats_and_tiers_match_the_manager(served):
         stats, tiers = client.stats(), client.tiers()
     assert stats.tiers == tiers
     for t in tiers:
-        alloc = m.alloc[t.name]
+        tier = m.view().tier(t.name)
         assert (t.capacity_blocks, t.free_slots, t.used_slots) == (
-            alloc.capacity,
-            alloc.num_free,
-            alloc.num_used,
+            tier.capacity_blocks,
+            tier.free_slots,
+            tier.used_slots,
         )
-        assert t.stored_blocks == len(m.index.order[t.name]) and 0 <= t.occupancy <= 1
+        assert t.stored_blocks == tier.stored_blocks and 0 <= t.occupancy <= 1
     kinds = [e.kind for e in run.events]
     assert stats.hits == kinds.count("hit") == sum(stats.hits_by_tier.values())
     assert stats.misses == kinds.count("miss") and stats.stores == kinds.count("store")
     assert stats.hit_rate == pytest.approx(stats.hits / (stats.hits + stats.misses))
-    assert stats.spills > 0 and stats.warms > 0 and stats.blocks == len(m.index)
+    assert stats.spills > 0 and stats.warms > 0 and stats.blocks == len(m.view())
     assert stats.tier("vram").evictions + stats.tier("dram").evictions == stats.evictions
     dropped = [e for e in run.events if e.kind == "eviction" and e.tier_to is None]
     assert stats.evictions_dropped == len(dropped) > 0
@@ -69,9 +69,9 @@ def test_blocks_most_recent_first(served):
         vram = client.blocks(tier="vram", limit=3)
         every = client.blocks(limit=1000)
     assert len(vram) == 3 and all(b.tier == "vram" for b in vram)
-    assert len(every) == len(run.manager.index)
+    assert len(every) == len(run.manager.view())
     assert [b.idle_s for b in every] == sorted(b.idle_s for b in every)
-    entry = run.manager.index.entries[every[0].block_hash]
+    entry = run.manager.view().block(every[0].block_hash)
     assert (every[0].tier, every[0].slot, every[0].hits) == (entry.tier, entry.slot, entry.hits)
 
 
@@ -82,13 +82,13 @@ def test_graph_policy_decisions_and_explain(graph_run, short_dir):
         assert graph and "lowest priority leaf" in graph[0].reason
         assert {"tick", "horizon", "hits", "total"} <= set(graph[0].components)
         assert graph[0].score == graph[0].components["total"] and graph[0].snapshot_age_s is not None
-        stored = next(iter(graph_run.manager.index.entries))
+        stored = graph_run.manager.view().hashes()[0]
         x = client.explain(stored)
         assert x.stored and x.policy == "graph" and x.block.block_hash == stored
         assert x.score == x.components["total"] and x.graph["tier"] == x.block.tier
         assert "graph priority" in x.summary
         gone = graph[0].block_hash
-        if gone not in graph_run.manager.index:
+        if gone not in graph_run.manager.view():
             y = client.explain(gone.hex())
             assert y.decisions and y.decisions[0].seq == graph[0].seq and "Last decision" in y.summary
 
@@ -99,9 +99,9 @@ def test_explain_lru_by_bytes_hex_and_prefix(served):
         d = client.decisions(limit=1, kinds=["eviction"])[0]
         by_prefix = client.explain(d.block_hash.hex()[:16])
         assert by_prefix.block_hash == d.block_hash and by_prefix.decisions[0].seq == d.seq
-        stored = next(iter(run.manager.index.entries))
+        stored = run.manager.view().hashes()[0]
         x = client.explain(stored)
-        assert x.policy == "lru" and x.block.tier == run.manager.index.entries[stored].tier
+        assert x.policy == "lru" and x.block.tier == run.manager.view().block(stored).tier
         assert x.components["idle_s"] >= 0 and "LRU" in x.summary
         unknown = client.explain(b"\x01" * 32)
         assert not unknown.stored and not unknown.decisions and "No recent decision" in unknown.summary
@@ -255,7 +255,7 @@ def test_a_forked_child_leaves_the_parents_socket_alone(lru_run, short_dir):
 def test_wiring_as_documented_for_the_connector(short_dir):
     """The calls the package docstring gives the connector, in order, with a real config."""
     from tiercache.config import TierCacheConfig
-    from tiercache.manager import TierManager
+    from tiercache.scheduler.manager import TierManager
 
     config = TierCacheConfig.from_dict({"inspect": {"socket": str(short_dir / "w.sock")}})
     manager = TierManager(4, 4, "codec-A")
@@ -268,9 +268,9 @@ def test_wiring_as_documented_for_the_connector(short_dir):
             for job in manager.take_jobs():
                 manager.complete_transfer(job.job_id)
             state.record(manager.take_events())
-            state.publish(manager)
+            state.publish(manager.view())
         state.record_tokens(loaded=32, recomputed=96)
-        state.publish(manager, force=True)
+        state.publish(manager.view(), force=True)
         with connect(service.path) as client:
             stats = client.stats()
             assert stats.stores == 20 and stats.evictions > 0 and stats.token_hit_rate == 0.25

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from tiercache.allocator import SlotAllocator, contiguous_runs
+from tiercache.layout import contiguous_runs
+from tiercache.scheduler.allocator import SlotAllocator
 
 
 def test_contiguous_runs():

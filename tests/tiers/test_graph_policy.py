@@ -4,11 +4,12 @@ import logging
 import random
 
 from tiercache.config import EvictionConfig
-from tiercache.events import DRAM, VRAM, EvictionEvent
 from tiercache.graph import GraphEvictionAdvisor, KVCacheGraph
-from tiercache.graph_policy import GraphPolicy
-from tiercache.manager import TierManager
-from tiercache.policy import make_policy
+from tiercache.scheduler.events import EvictionEvent
+from tiercache.scheduler.manager import TierManager
+from tiercache.scheduler.policies import make_policy
+from tiercache.scheduler.policies.graph import GraphPolicy
+from tiercache.wire import DRAM, VRAM
 
 
 def h(i: int) -> bytes:
@@ -34,7 +35,7 @@ def test_decisions_come_from_the_snapshot_with_components():
     m, advisor = make()
     store(m, range(4))
     advisor.refresh()
-    assert m.mover.plan_spill(2) == 2
+    assert m.spill(2) == 2
     first, _ = evictions(m)
     assert first.policy == "graph" and "lowest priority" in first.reason
     assert dict(first.components)["total"] == first.score and first.snapshot_age is not None
@@ -44,7 +45,7 @@ def test_decisions_come_from_the_snapshot_with_components():
 def test_no_snapshot_falls_back_to_lru_and_says_so():
     m, _ = make()
     store(m, range(4))
-    m.mover.plan_spill(1)
+    m.spill(1)
     (event,) = evictions(m)
     assert event.policy == "lru-fallback" and "no snapshot" in event.reason
 
@@ -55,14 +56,14 @@ def test_graph_follows_spills_and_drops():
     store(m, [1, 2])
     for job in m.take_jobs():
         m.complete_transfer(job.job_id)
-    spilled = [b for b, e in m.index.entries.items() if e.tier == DRAM]
+    spilled = [b.block_hash for b in m.view().blocks(DRAM)]
     assert spilled and all(graph.tier_of(b) == DRAM for b in spilled)
     store(m, [3, 4, 5, 6])  # DRAM fills: victims dropped from the graph too
     for job in m.take_jobs():
         m.complete_transfer(job.job_id)
-    assert set(graph.nx.nodes) == set(m.index.entries)
-    for b, e in m.index.entries.items():
-        assert graph.tier_of(b) == e.tier
+    assert set(graph.nx.nodes) == set(m.view().hashes())
+    for b in m.view().hashes():
+        assert graph.tier_of(b) == m.view().block(b).tier
     graph.check_invariants()
 
 
@@ -89,7 +90,7 @@ def test_random_workload_with_the_graph_policy(caplog):
         m.quick_check()
     m.check()
     advisor.graph.check_invariants()
-    assert set(advisor.graph.nx.nodes) == set(m.index.entries)
+    assert set(advisor.graph.nx.nodes) == set(m.view().hashes())
     assert not [r for r in caplog.records if r.name.startswith("tiercache")]
     assert {e.policy for e in m.take_events() if isinstance(e, EvictionEvent)} >= {"graph"}
 

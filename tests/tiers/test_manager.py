@@ -5,10 +5,12 @@ import logging
 import msgpack
 import pytest
 
-from tiercache.events import DRAM, VRAM, DropEvent, EvictionEvent, HitEvent, MissEvent, SpillEvent, WarmEvent
-from tiercache.jobs import PrepareLoadOutput, PrepareStoreOutput, TransferJob
-from tiercache.manager import TierManager
-from tiercache.policy import EvictionPolicy, VictimDecision
+from tiercache.scheduler.abstract import PrepareStoreOutput
+from tiercache.scheduler.events import DropEvent, EvictionEvent, HitEvent, MissEvent, MoveEvent
+from tiercache.scheduler.manager import TierManager
+from tiercache.scheduler.moves import JobBook, Mover
+from tiercache.scheduler.policies import EvictionPolicy, VictimDecision
+from tiercache.wire import DRAM, VRAM, TransferJob, decode, encode
 
 
 def h(i: int) -> bytes:
@@ -80,7 +82,7 @@ def test_failed_store_releases_the_slot():
     m = make()
     out = m.prepare_store([h(1), h(2)])
     m.complete_store(out.block_hashes, ok=False)
-    assert m.lookup([h(1)]) == 0 and m.alloc[VRAM].num_free == 8
+    assert m.lookup([h(1)]) == 0 and m.view().tier(VRAM).free_slots == 8
     assert [e.stored for e in m.take_events() if e.kind == "store"] == [False, False]
     with pytest.raises(ValueError, match="no store in flight"):
         m.complete_store([h(1)])
@@ -103,12 +105,12 @@ def test_vram_full_spills_cold_blocks_to_dram_not_drops():
         and evictions[0].tier_to == DRAM
         and "least recently" in evictions[0].reason
     )
-    assert any(isinstance(e, SpillEvent) and e.stage == "planned" for e in events)
+    assert any(isinstance(e, MoveEvent) and e.kind == "spill" and e.stage == "planned" for e in events)
     assert m.lookup([h(1)]) == 1  # still readable from VRAM while the spill runs
     m.complete_transfer(jobs[0].job_id)
-    entry = m.index.get(h(1))
+    entry = m.view().block(h(1))
     assert entry.tier == DRAM and entry.slot == jobs[0].dst_slots[0]
-    assert m.alloc[VRAM].num_free == 1
+    assert m.view().tier(VRAM).free_slots == 1
     m.check()
 
 
@@ -138,7 +140,7 @@ def test_dram_full_evicts_dram_victims():
         m.check()
     drops = [e for e in m.take_events() if isinstance(e, EvictionEvent) and e.tier_to is None]
     assert drops and all(e.tier_from == DRAM for e in drops)
-    assert len(m.index) == 6
+    assert len(m.view()) == 6
 
 
 def test_blocks_in_flight_are_never_evicted():
@@ -158,7 +160,7 @@ def test_blocks_in_flight_are_never_evicted():
 def test_out_of_room_is_none_and_one_log_line(caplog):
     m = make(vram=2, dram=1)
     m.prepare_store([h(1), h(2), h(3)])  # all three in flight: nothing evictable
-    with caplog.at_level(logging.WARNING, logger="tiercache.manager"):
+    with caplog.at_level(logging.WARNING, logger="tiercache.scheduler.manager"):
         assert m.prepare_store([h(4)]) is None
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "store of 1 blocks got 0" in lines[0] and "VRAM 0/2 free" in lines[0]
@@ -177,18 +179,18 @@ def test_load_from_dram_plans_a_warm_and_retires_the_old_slot():
     store(m, range(4))  # spills h(0) to keep a slot free
     (spill,) = m.take_jobs()
     m.complete_transfer(spill.job_id)
-    assert m.index.get(h(0)).tier == DRAM
+    assert m.view().block(h(0)).tier == DRAM
     load = m.prepare_load([h(0)])
     assert load.tiers == (DRAM,)  # read where it is now
     warm, spill_again = m.take_jobs()  # the warm takes the free slot; a cold block spills to restore it
     assert warm.kind == "warm" and warm.src_slots == load.slots and spill_again.kind == "spill"
     m.complete_transfer(warm.job_id)
-    assert m.index.get(h(0)).tier == VRAM
-    assert m.alloc[DRAM].is_used(load.slots[0])  # the load still reads the old DRAM slot
+    assert m.view().block(h(0)).tier == VRAM
+    assert m.view().slot_used(DRAM, load.slots[0])  # the load still reads the old DRAM slot
     m.check()
     m.complete_load([h(0)])
-    assert not m.alloc[DRAM].is_used(load.slots[0])
-    assert any(isinstance(e, WarmEvent) and e.stage == "done" for e in m.take_events())
+    assert not m.view().slot_used(DRAM, load.slots[0])
+    assert any(isinstance(e, MoveEvent) and e.kind == "warm" and e.stage == "done" for e in m.take_events())
     m.check()
 
 
@@ -197,7 +199,7 @@ def test_failed_transfer_keeps_the_block_and_failed_load_drops_it():
     store(m, [1, 2])
     (spill,) = m.take_jobs()
     m.complete_transfer(spill.job_id, ok=False)
-    assert m.index.get(spill_hash := h(1)).tier == VRAM and m.lookup([spill_hash]) == 1
+    assert m.view().block(spill_hash := h(1)).tier == VRAM and m.lookup([spill_hash]) == 1
     with pytest.raises(ValueError, match="not in flight"):
         m.complete_transfer(spill.job_id)
     m.prepare_load([h(2)])
@@ -210,15 +212,15 @@ def test_failed_transfer_keeps_the_block_and_failed_load_drops_it():
 def test_prefetch_warms_dram_blocks_above_the_watermark():
     m = make(vram=4, dram=8, watermark=0.25)
     store(m, [1, 2, 3])
-    assert m.mover.plan_spill(3) == 3
+    assert m.spill(3) == 3
     for job in m.take_jobs():
         m.complete_transfer(job.job_id)
-    assert m.alloc[VRAM].num_free == 4
+    assert m.view().tier(VRAM).free_slots == 4
     assert m.prefetch([h(1), h(2), h(3), h(99)]) == 3  # keeps 1 slot free
     (warm,) = m.take_jobs()
     assert warm.kind == "warm" and m.prefetch([h(1)]) == 0  # already moving
     m.complete_transfer(warm.job_id)
-    assert m.lookup([h(1), h(2), h(3)]) == 3 and {m.index.get(h(i)).tier for i in (1, 2, 3)} == {VRAM}
+    assert m.lookup([h(1), h(2), h(3)]) == 3 and {m.view().block(h(i)).tier for i in (1, 2, 3)} == {VRAM}
     m.check()
 
 
@@ -246,7 +248,7 @@ def test_policy_seam_validates_and_fills():
     policy = PickyPolicy()
     m = TierManager(4, 8, "c", policy=policy, clock=Clock(), spill_watermark=0.0)
     store(m, range(4))
-    m.mover.plan_spill(3)
+    m.spill(3)
     ev = [e for e in m.take_events() if isinstance(e, EvictionEvent)]
     assert [e.policy for e in ev] == ["picky", "lru", "lru"]
     assert ev[0].score == 0.5 and ev[0].components == (("x", 1.0),)
@@ -257,12 +259,11 @@ def test_policy_seam_validates_and_fills():
 def test_plain_data_roundtrips_through_msgpack():
     m = make(vram=2, dram=4, watermark=0.5)
     store(m, [1, 2])
-    out = m.prepare_store([h(3)])
+    m.prepare_store([h(3)])
     job = m.take_jobs()[0]
-    assert TransferJob.from_dict(msgpack.unpackb(msgpack.packb(job.to_dict()))) == job
-    assert PrepareStoreOutput.from_dict(msgpack.unpackb(msgpack.packb(out.to_dict()))).slots == out.slots
-    load = m.prepare_load([h(1)])
-    assert PrepareLoadOutput.from_dict(msgpack.unpackb(msgpack.packb(load.to_dict()))) == load
+    assert decode(encode(job), TransferJob) == job and job.block_hashes == (h(1),)
+    assert (job.src_tier, job.dst_tier, job.kind) == (VRAM, DRAM, "spill")
+    m.prepare_load([h(1)])
     for event in m.take_events():
         msgpack.packb(event.to_dict())
     assert isinstance(HitEvent(1, 0.0, b"x", "c", "r").to_dict()["block_hash"], bytes)
@@ -271,10 +272,10 @@ def test_plain_data_roundtrips_through_msgpack():
 def test_duplicate_hashes_in_one_load():
     m = make(vram=4, dram=4, watermark=0.25)
     store(m, [1, 2, 3])
-    m.mover.plan_spill(1)
+    m.spill(1)
     (spill,) = m.take_jobs()
     m.complete_transfer(spill.job_id)
-    cold = next(b for b, e in m.index.entries.items() if e.tier == DRAM)
+    cold = next(b.block_hash for b in m.view().blocks(DRAM))
     out = m.prepare_load([cold, cold])
     assert out.tiers == (DRAM, DRAM)
     jobs = m.take_jobs()
@@ -291,10 +292,10 @@ def test_abort_store_releases_exactly_the_prepared_slots():
     store(m, [4])
     with pytest.raises(ValueError, match="abort_store: .* no store in flight"):
         m.abort_store([h(1), h(4)], "x")  # h(4) is stored: nothing is released
-    assert m.alloc[VRAM].num_free == 0
+    assert m.view().tier(VRAM).free_slots == 0
     m.take_events()
     m.abort_store([h(1), h(2), h(2)], "store aborted: the step failed")
-    assert m.alloc[VRAM].num_free == 2 and m.lookup([h(1)], record=False) == 0
+    assert m.view().tier(VRAM).free_slots == 2 and m.lookup([h(1)], record=False) == 0
     events = m.take_events()
     assert [(e.block_hash, e.stored, e.reason) for e in events] == [
         (h(1), False, "store aborted: the step failed"), (h(2), False, "store aborted: the step failed"),
@@ -312,11 +313,11 @@ def failing(*_args, **_kwargs):
 def test_a_failing_prepare_store_reserves_nothing(monkeypatch):
     m = make(vram=4, dram=4, watermark=0.25)
     store(m, [1])
-    monkeypatch.setattr(m.mover, "make_vram_room", failing)
+    monkeypatch.setattr(Mover, "vram_room", failing)  # after the store's slots are allocated
     with pytest.raises(RuntimeError, match="injected"):
         m.prepare_store([h(2), h(3), h(4)])
     monkeypatch.undo()
-    assert len(m.index) == 1 and m.alloc[VRAM].num_free == 3
+    assert len(m.view()) == 1 and m.view().tier(VRAM).free_slots == 3
     failed = [e for e in m.take_events() if e.kind == "store" and not e.stored]
     assert [e.block_hash for e in failed] == [h(2), h(3), h(4)] and "injected" in failed[0].reason
     m.check()
@@ -327,15 +328,15 @@ def test_a_failing_prepare_store_reserves_nothing(monkeypatch):
 def test_a_failing_prepare_load_keeps_no_pins(monkeypatch):
     m = make(vram=4, dram=4, watermark=0.25)
     store(m, [1, 2, 3])
-    m.mover.plan_spill(2)
+    m.spill(2)
     for job in m.take_jobs():
         m.complete_transfer(job.job_id)
-    cold = [b for b, e in m.index.entries.items() if e.tier == DRAM]
-    monkeypatch.setattr(m.mover, "plan_warm", failing)
+    cold = [b.block_hash for b in m.view().blocks(DRAM)]
+    monkeypatch.setattr(JobBook, "start", failing)  # the warm of the DRAM-resident blocks
     with pytest.raises(RuntimeError, match="injected"):
         m.prepare_load(cold)
     monkeypatch.undo()
-    assert all(m.index.get(b).refs == 0 and m.index.get(b).evictable for b in cold)
+    assert all(m.view().block(b).loads_in_flight == 0 and m.view().block(b).evictable for b in cold)
     m.check()
     assert m.prepare_load(cold).tiers == (DRAM, DRAM)
     m.complete_load(cold)

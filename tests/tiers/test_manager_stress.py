@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from tiercache.events import DRAM, VRAM
-from tiercache.manager import TierManager
+from tiercache.scheduler.manager import TierManager
+from tiercache.wire import DRAM, TIERS, VRAM
 
 
 class FakeWorker:
@@ -25,6 +25,7 @@ class FakeWorker:
         self.stores = []  # hashes written, awaiting complete_store
         self.loads = []  # (hashes, tiers, slots) awaiting complete_load
         self.jobs = []  # (job, source contents at planning)
+        self.jobs_seen = 0
 
     def store(self, hashes):
         out = self.m.prepare_store(hashes)
@@ -50,7 +51,10 @@ class FakeWorker:
     def take_jobs(self):
         for job in self.m.take_jobs():
             src = self.pool[job.src_tier]
-            self.jobs.append((job, [src[s] for s in job.src_slots]))
+            contents = [src[s] for s in job.src_slots]
+            assert contents == list(job.block_hashes), "a job names blocks its source slots do not hold"
+            self.jobs.append((job, contents))
+            self.jobs_seen += 1
 
     def finish_some(self):
         rng = self.rng
@@ -70,22 +74,22 @@ class FakeWorker:
             self.m.complete_transfer(job.job_id, ok=ok)
 
     def agree(self):
-        for block_hash, entry in self.m.index.entries.items():
-            if entry.ready:
-                assert self.pool[entry.tier][entry.slot] == block_hash
+        view = self.m.view()
+        for block in (b for tier in TIERS for b in view.blocks(tier)):  # every ready block
+            assert self.pool[block.tier][block.slot] == block.block_hash
 
 
 @pytest.fixture(autouse=True)
 def quiet_manager():
     """Out-of-room lines are expected here by the thousand."""
-    logger = logging.getLogger("tiercache.manager")
+    logger = logging.getLogger("tiercache.scheduler.manager")
     level = logger.level
     logger.setLevel(logging.ERROR)
     yield
     logger.setLevel(level)
 
 
-def run_stress(ops: int, seed: int, vram: int, dram: int, universe: int) -> TierManager:
+def run_stress(ops: int, seed: int, vram: int, dram: int, universe: int) -> tuple[TierManager, FakeWorker]:
     rng = random.Random(seed)
     m = TierManager(vram, dram, "codec", spill_watermark=0.1)
     worker = FakeWorker(m, rng)
@@ -116,13 +120,13 @@ def run_stress(ops: int, seed: int, vram: int, dram: int, universe: int) -> Tier
             worker.agree()
     m.check()
     worker.agree()
-    return m
+    return m, worker
 
 
 def test_stress_100k_ops():
-    m = run_stress(100_000, seed=0, vram=48, dram=96, universe=200)
+    m, worker = run_stress(100_000, seed=0, vram=48, dram=96, universe=200)
     stats = m.stats()
-    assert stats["blocks"] > 0 and m.mover._next_job_id > 100
+    assert stats["blocks"] > 0 and worker.jobs_seen > 100
 
 
 @pytest.mark.parametrize(("vram", "dram"), [(8, 0), (4, 4), (64, 16), (16, 200)])

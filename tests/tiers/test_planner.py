@@ -5,8 +5,8 @@ import json
 import pytest
 
 from tiercache.cli import main
+from tiercache.cli.plan import ModelGeometry, load_model_config, model_geometry, plan_rows
 from tiercache.codecs import KVCodecSpec
-from tiercache.planner import ModelGeometry, load_model_config, model_geometry, plan_rows
 
 LLAMA3_8B = {
     "num_hidden_layers": 32,

@@ -7,13 +7,19 @@ import torch
 
 from tiercache.codecs import KVCodecSpec
 from tiercache.errors import PoolAllocationError
-from tiercache.jobs import TransferJob
 from tiercache.layout import BlockLayout
-from tiercache.pools import DramPool, KVBlocks, VramPool
-from tiercache.transfer import TransferEngine
+from tiercache.wire import DRAM, VRAM, TransferJob
+from tiercache.worker.pools import DramPool, KVBlocks, VramPool
+from tiercache.worker.transfer import TransferEngine
 
 # (layers, block_size, kv_heads, k_packed_dim, v_packed_dim): TQ4 d64, K8V4 d128, odd, raw fp32 d64
 LAYOUTS = [(2, 16, 2, 32, 32), (3, 16, 1, 128, 64), (1, 3, 3, 30, 40), (2, 4, 2, 256, 256)]
+
+
+def move(job_id: int, src_tier: str, dst_tier: str, src, dst) -> TransferJob:
+    """A job between two tiers (the block hashes only name the pairs: the engine moves bytes)."""
+    names = tuple(i.to_bytes(4, "little") for i in range(len(src)))
+    return TransferJob(job_id, src_tier, dst_tier, tuple(src), tuple(dst), names)
 
 
 def random_blocks(layout: BlockLayout, n: int, seed: int, device="cpu") -> KVBlocks:
@@ -67,7 +73,7 @@ def test_spill_then_warm_roundtrip_is_byte_exact(shape, max_batch):
     vram.write(range(24), original)
     src = rng.sample(range(24), 13)
     dst = rng.sample(range(40), 13)  # scattered DRAM slots: many runs
-    engine.submit(TransferJob(1, "spill", tuple(src), tuple(dst)))
+    engine.submit(move(1, VRAM, DRAM, tuple(src), tuple(dst)))
     (result,) = engine.poll()
     assert (
         result.ok and result.blocks == 13 and result.bytes == 13 * layout.block_bytes and result.seconds >= 0
@@ -76,7 +82,7 @@ def test_spill_then_warm_roundtrip_is_byte_exact(shape, max_batch):
     assert dram.read(dst).equal(expected)
     vram.write(src, random_blocks(layout, 13, seed=2))  # overwrite the sources
     back = rng.sample(range(24), 13)
-    engine.submit(TransferJob(2, "warm", tuple(dst), tuple(back)))
+    engine.submit(move(2, DRAM, VRAM, tuple(dst), tuple(back)))
     assert engine.wait()[0].ok
     assert vram.read(back).equal(expected)
 
@@ -92,9 +98,9 @@ def test_encoded_kv_survives_spill_and_warm(preset):
     k, v = torch.randn(L, n, BS, H, head_dim, generator=g), torch.randn(L, n, BS, H, head_dim, generator=g)
     (kp, kn), (vp, vn) = codec.keys.encode(k), codec.values.encode(v)
     vram.write(range(n), KVBlocks(kp, vp, kn, vn))
-    engine.submit(TransferJob(1, "spill", tuple(range(n)), tuple(reversed(range(n)))))
+    engine.submit(move(1, VRAM, DRAM, tuple(range(n)), tuple(reversed(range(n)))))
     vram.write(range(n), random_blocks(layout, n, 9))
-    engine.submit(TransferJob(2, "warm", tuple(reversed(range(n))), tuple(range(n))))
+    engine.submit(move(2, DRAM, VRAM, tuple(reversed(range(n))), tuple(range(n))))
     assert all(r.ok for r in engine.poll())
     got = vram.read(range(n))
     assert torch.equal(codec.keys.decode(got.k_packed, got.k_norms), codec.keys.decode(kp, kn))
@@ -117,7 +123,7 @@ def test_read_and_write_dram_any_order():
 def test_bad_job_is_a_failed_result_not_an_exception():
     layout = BlockLayout(*LAYOUTS[0])
     engine = TransferEngine(VramPool(layout, 4, "cpu"), DramPool(layout, 4, pin=False))
-    engine.submit(TransferJob(7, "spill", (0, 9), (0, 1)))
+    engine.submit(move(7, VRAM, DRAM, (0, 9), (0, 1)))
     (result,) = engine.poll()
     assert not result.ok and result.job_id == 7 and "out of range" in result.error
 
@@ -140,12 +146,12 @@ def test_gpu_spill_warm_roundtrip(shape):
     vram.write(range(64), random_blocks(layout, 64, 1, "cuda"))
     rng = random.Random(0)
     src, dst = rng.sample(range(64), 40), rng.sample(range(96), 40)
-    engine.submit(TransferJob(1, "spill", tuple(src), tuple(dst)))
+    engine.submit(move(1, VRAM, DRAM, tuple(src), tuple(dst)))
     assert engine.wait()[0].ok
     expected = vram.read(src)
     assert dram.read(dst).equal(expected)
     back = rng.sample(range(64), 40)
-    engine.submit(TransferJob(2, "warm", tuple(dst), tuple(back)))
+    engine.submit(move(2, DRAM, VRAM, tuple(dst), tuple(back)))
     results = engine.wait()
     assert results[0].ok and results[0].seconds > 0
     assert vram.read(back).equal(expected)

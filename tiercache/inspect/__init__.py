@@ -19,12 +19,12 @@ Wiring (scheduler side of the connector; all calls on the scheduler thread)::
     ...
     events = manager.take_events()                                   # wherever the connector drains them
     state.record(events)                                             # cheap: counters + a bounded ring
-    state.publish(manager)                                           # every step; rate-limits itself to
+    state.publish(manager.view())                                    # every step; rate-limits itself to
                                                                      # one snapshot per 100 ms
     state.record_tokens(loaded=n_hit_tokens, recomputed=n_new)      # optional, per request
     state.record_ttft(seconds, hit=n_hit_tokens > 0)                 # optional, per request
     ...
-    state.publish(manager, force=True)                               # optional: after the last step
+    state.publish(manager.view(), force=True)                        # optional: after the last step
     if service is not None:
         service.close()                                              # at shutdown: thread, socket, pointer
 
@@ -34,10 +34,11 @@ $XDG_RUNTIME_DIR/tiercache/tiercache-<pid>.sock or /tmp/tiercache-$UID/tiercache
 directory's `latest` file names it; `connect()` and `tiercache inspect` find it there.
 
 Threads: the server thread reads only published snapshots (immutable), except `explain`, which point-reads
-one index entry and one block of the graph (under the graph's lock, with a 50 ms timeout). The scheduler
-never waits on the service, except for the microseconds an explain holds the graph's lock. In one process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state directly: same methods, same types;
-called from the scheduler's own thread it publishes first, so nothing recorded is missed.
+one block of the manager's view and one block of the graph (under the graph's lock, with a 50 ms timeout).
+The scheduler never waits on the service, except for the microseconds an explain holds the graph's lock.
+In one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state directly: same
+methods, same types; called from the scheduler's own thread it publishes first, so nothing recorded is
+missed.
 """
 
 from tiercache.inspect.client import InspectClient, connect

@@ -97,8 +97,8 @@ class LocalTransport:
 
     def call(self, request: dict[str, Any]) -> Any:
         state = self.state
-        if state.manager is not None and state.owner_thread == threading.get_ident():
-            state.publish(state.manager, force=True)
+        if state.view is not None and state.owner_thread == threading.get_ident():
+            state.publish(state.view, force=True)
         body = pack_frame(request, MAX_REQUEST_BYTES)[4:]
         reply = handle(state, unpack_body(body))
         return unpack_body(pack_frame(reply, MAX_RESPONSE_BYTES)[4:])

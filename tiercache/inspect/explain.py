@@ -2,12 +2,13 @@
 about it, with a one-paragraph summary.
 
 Provides:
-    explain(manager, snapshot, key) -> dict   key: the block hash (bytes), or hex (a unique prefix of a hash
-                                              seen in the snapshot's decisions or block lists is enough)
+    explain(view, snapshot, key) -> dict   view: the ManagerView last published; key: the block hash (bytes),
+                                           or hex (a unique prefix of a hash seen in the snapshot's decisions
+                                           or block lists is enough)
 
-Runs on the server thread. Reads of live state are point reads: one dict lookup in the manager's index, and
-the graph's counters for one block under the graph's own lock (held for microseconds, acquired with a
-timeout so a busy graph never stalls the reply).
+Runs on the server thread. Reads of live state are point reads: one block of the manager's view, and the
+graph's counters for one block under the graph's own lock (held for microseconds, acquired with a timeout
+so a busy graph never stalls the reply).
 """
 
 from __future__ import annotations
@@ -15,20 +16,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tiercache.inspect.handlers import RequestError, decision_dict
-from tiercache.inspect.state import Snapshot, block_record
+from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
+from tiercache.inspect.state import Snapshot
+from tiercache.scheduler.views import ManagerView
 
 MAX_BLOCK_DECISIONS = 20
 _GRAPH_FIELDS = ("hits", "requests", "chain_hits", "tick", "importance", "source")
 
 
-def explain(manager, snap: Snapshot, key: bytes | str) -> dict[str, Any]:
-    block_hash = key if isinstance(key, bytes) else _resolve(manager, snap, key)
+def explain(view: ManagerView | None, snap: Snapshot, key: bytes | str) -> dict[str, Any]:
+    block_hash = key if isinstance(key, bytes) else _resolve(view, snap, key)
     decisions = [decision_dict(e, snap) for e in reversed(snap.decisions) if e.block_hash == block_hash]
-    entry = manager.index.entries.get(block_hash) if manager is not None else None
+    block = view.block(block_hash) if view is not None else None
     out: dict[str, Any] = {
         "block_hash": block_hash,
-        "stored": entry is not None,
+        "stored": block is not None,
         "block": None,
         "policy": snap.policy,
         "score": None,
@@ -36,12 +38,9 @@ def explain(manager, snap: Snapshot, key: bytes | str) -> dict[str, Any]:
         "graph": None,
         "decisions": decisions[:MAX_BLOCK_DECISIONS],
     }
-    if entry is not None:
-        block = block_record(entry)  # ages via the snapshot's clocks: never call manager.clock() here
-        block["stored_age_s"] = snap.age_of(block.pop("stored_at"))
-        block["idle_s"] = snap.age_of(block.pop("last_access"))
-        out["block"] = block
-    advisor = getattr(getattr(manager, "policy", None), "advisor", None)
+    if block is not None:
+        out["block"] = block_dict(block, snap)
+    advisor = getattr(getattr(view, "policy", None), "advisor", None)
     if advisor is not None:
         _graph_view(advisor, block_hash, out)
     elif out["block"] is not None:
@@ -78,13 +77,13 @@ def _graph_view(advisor, block_hash: bytes, out: dict[str, Any]) -> None:
     }
 
 
-def _resolve(manager, snap: Snapshot, prefix: str) -> bytes:
+def _resolve(view: ManagerView | None, snap: Snapshot, prefix: str) -> bytes:
     if len(prefix) % 2 == 0:
         exact = bytes.fromhex(prefix)
-        if manager is not None and exact in manager.index.entries:
+        if view is not None and exact in view:
             return exact
     seen = {e.block_hash for e in snap.decisions}
-    seen.update(row[0] for rows in snap.blocks.values() for row in rows)
+    seen.update(b.block_hash for blocks in snap.blocks.values() for b in blocks)
     matches = sorted(h for h in seen if isinstance(h, bytes) and h.hex().startswith(prefix))
     if len(matches) == 1:
         return matches[0]

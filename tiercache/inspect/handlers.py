@@ -3,12 +3,11 @@
 Provides:
     METHODS                              name → handler(state, params) -> result (plain, msgpack-able data)
     handle(state, request) -> dict       {"ok": True, "result": …} or {"ok": False, "error": "…"}; no raise
-    decision_dict(event, snapshot)       one kept TierEvent in the uniform decision shape
 
 Every answer except `explain` comes from the state's published Snapshot (immutable). `explain` also does
-point reads of live state (see explain.py): one dict lookup in the manager's index (its entry's fields are
-read without a lock: a block moving at that instant may show fields from adjacent steps) and one block's
-graph counters under the graph's own lock.
+point reads of live state (see explain.py): one block of the manager's view (read without a lock: a block
+moving at that instant may show fields from adjacent steps) and one block's graph counters under the
+graph's own lock.
 """
 
 from __future__ import annotations
@@ -18,16 +17,14 @@ import os
 import time
 from typing import Any
 
-from tiercache.events import TIERS
+from tiercache.inspect.explain import explain
 from tiercache.inspect.protocol import PROTOCOL_VERSION
-from tiercache.inspect.state import BLOCK_FIELDS, DECISION_KINDS, InspectionState, Snapshot
+from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
+from tiercache.inspect.state import DECISION_KINDS, InspectionState, Snapshot
+from tiercache.wire import TIERS
 
 logger = logging.getLogger(__name__)
 MAX_LIMIT = 100_000
-
-
-class RequestError(ValueError):
-    """A request the service cannot answer; the message goes back to the client."""
 
 
 def handle(state: InspectionState, request: Any) -> dict[str, Any]:
@@ -153,36 +150,6 @@ def _stats(state: InspectionState, params: dict) -> dict[str, Any]:
     }
 
 
-def decision_dict(e, snap: Snapshot) -> dict[str, Any]:
-    kind = e.kind
-    out: dict[str, Any] = {
-        "seq": e.seq,
-        "kind": kind,
-        "block_hash": e.block_hash,
-        "codec_id": e.codec_id,
-        "reason": e.reason,
-        "time": e.time,
-        "age_s": snap.age_of(e.time),
-        "policy": None,
-        "score": None,
-        "components": {},
-        "snapshot_age_s": None,
-        "stage": None,
-        "job_id": None,
-    }
-    if kind == "eviction":
-        out.update(
-            tier_from=e.tier_from, tier_to=e.tier_to, slot=e.slot, policy=e.policy, score=e.score,
-            components=dict(e.components), snapshot_age_s=e.snapshot_age,
-        )  # fmt: skip
-    elif kind == "drop":
-        out.update(tier_from=e.tier, tier_to=None, slot=e.slot)
-    else:  # spill / warm
-        src, dst = ("vram", "dram") if kind == "spill" else ("dram", "vram")
-        out.update(tier_from=src, tier_to=dst, slot=e.from_slot, stage=e.stage, job_id=e.job_id)
-    return out
-
-
 def _decisions(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     snap = _snapshot(state)
     limit = _int(params, "limit", 50)
@@ -200,26 +167,17 @@ def _decisions(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     return out
 
 
-def _block_out(row: tuple, snap: Snapshot) -> dict[str, Any]:
-    out = dict(zip(BLOCK_FIELDS, row, strict=True))
-    out["stored_age_s"] = snap.age_of(out.pop("stored_at"))
-    out["idle_s"] = snap.age_of(out.pop("last_access"))
-    return out
-
-
 def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     snap = _snapshot(state)
     tier, limit = _tier(params), _int(params, "limit", 100)
-    rows = [r for t in TIERS if tier in (None, t) for r in snap.blocks[t]]
-    rows.sort(key=lambda r: -r[5])  # last_access
-    return [_block_out(r, snap) for r in rows[:limit]]
+    blocks = [b for t in TIERS if tier in (None, t) for b in snap.blocks[t]]
+    blocks.sort(key=lambda b: -b.last_access)
+    return [block_dict(b, snap) for b in blocks[:limit]]
 
 
 def _explain(state: InspectionState, params: dict) -> dict[str, Any]:
-    from tiercache.inspect.explain import explain
-
     snap = _snapshot(state)
-    return explain(state.manager, snap, _block_hash(params.get("block_hash")))
+    return explain(state.view, snap, _block_hash(params.get("block_hash")))
 
 
 def _block_hash(raw: Any) -> bytes | str:
@@ -241,4 +199,4 @@ METHODS = {
     "blocks": _blocks,
     "explain": _explain,
 }
-__all__ = ["METHODS", "RequestError", "decision_dict", "handle"]
+__all__ = ["METHODS", "handle"]

@@ -10,18 +10,18 @@ Provides:
         record_tokens(loaded, recomputed)   tokens served from the tiers vs computed by vLLM (optional)
         record_ttft(seconds, hit)           one time-to-first-token sample, with or without a cache hit
         close()                             leave the in-process registry (optional; a dropped state leaves)
-        publish(manager, force=False) -> bool   builds a Snapshot and swaps it in by one reference
-                                            assignment, at most every min_interval seconds (0.1) unless force
+        publish(view, force=False) -> bool  builds a Snapshot of a ManagerView (manager.view()) and swaps it
+                                            in by one reference assignment, at most every min_interval
+                                            seconds (0.1) unless force
         snapshot                            the latest Snapshot (None before the first publish)
-        manager                             the manager last published (for point reads: explain)
+        view                                the ManagerView last published (for point reads: explain)
     Snapshot                                frozen; plain data only, never mutated after publication
     DECISION_KINDS                          event kinds kept as decisions
-    BLOCK_FIELDS, block_record(entry)       a block's row in a snapshot (tuples) / as a dict
     live_states() -> list[InspectionState]  this process's live states, newest first (the in-process client)
 
-Decisions kept: every EvictionEvent and DropEvent, WarmEvents when planned (a load hit or prefetch) or failed,
-SpillEvents when failed (a planned spill is already described by its EvictionEvent; completions are counted,
-not kept).
+Decisions kept: every EvictionEvent and DropEvent, warms (MoveEvents towards VRAM) when planned (a load hit or
+prefetch) or failed, spills when failed (a planned spill is already described by its EvictionEvent;
+completions are counted, not kept).
 """
 
 from __future__ import annotations
@@ -35,13 +35,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tiercache.events import TIERS, TierEvent
+from tiercache.scheduler.events import TierEvent
+from tiercache.scheduler.views import BlockView, ManagerView, TierView
+from tiercache.wire import TIERS
 
 DECISION_KINDS = ("eviction", "drop", "warm", "spill")
-BLOCK_FIELDS = (
-    "block_hash", "tier", "slot", "hits", "stored_at", "last_access", "ready", "loads_in_flight", "moving",
-    "evictable",
-)  # fmt: skip
 _KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
 _HIT_KEY = {tier: "hits_" + tier for tier in TIERS}
 _FROM_KEY = {tier: "evictions_from_" + tier for tier in TIERS}
@@ -67,7 +65,7 @@ class Snapshot:
     counters: Mapping[str, int]
     tiers: tuple[Mapping[str, Any], ...]
     decisions: tuple[TierEvent, ...]  # oldest first
-    blocks: Mapping[str, tuple[tuple, ...]]  # per tier, most recently used first; rows as BLOCK_FIELDS
+    blocks: Mapping[str, tuple[BlockView, ...]]  # per tier, most recently used first
     ttft: Mapping[str, Mapping[str, float] | None]  # "hit" / "miss" → count, mean_s, p50_s, p90_s
 
     def age_of(self, clock_time: float) -> float:
@@ -96,7 +94,7 @@ class InspectionState:
         self.decisions: deque[TierEvent] = deque(maxlen=max_decisions)
         self.ttft: dict[bool, deque[float]] = {True: deque(maxlen=max_ttft), False: deque(maxlen=max_ttft)}
         self.snapshot: Snapshot | None = None
-        self.manager = None
+        self.view: ManagerView | None = None
         self.owner_thread: int | None = None  # the thread that records (the scheduler's)
         self.started_wall = time.time()
         self._published_at = -float("inf")
@@ -150,14 +148,14 @@ class InspectionState:
         self.ttft[bool(hit)].append(float(seconds))
         self._ttft_dirty = True
 
-    def publish(self, manager, force: bool = False) -> bool:
-        """Build and publish a snapshot of `manager` and the recorded counters; returns False (doing
+    def publish(self, view: ManagerView, force: bool = False) -> bool:
+        """Build and publish a snapshot of a manager's view and the recorded counters; returns False (doing
         nothing) when the last one is younger than min_interval and not force."""
         now = time.monotonic()
         if not force and now - self._published_at < self.min_interval:
             return False
         self._published_at = now
-        self.manager = manager
+        self.view = view
         if self._ttft_dirty:
             self._ttft_summary = {"hit": _summary(self.ttft[True]), "miss": _summary(self.ttft[False])}
             self._ttft_dirty = False
@@ -165,53 +163,33 @@ class InspectionState:
         self.snapshot = Snapshot(
             version=(previous.version + 1) if previous else 1,
             wall_time=time.time(),
-            clock_time=manager.clock(),
+            clock_time=view.clock(),
             pid=os.getpid(),
             started_wall=self.started_wall,
-            policy=str(getattr(manager.policy, "name", type(manager.policy).__name__)),
-            codec_id=str(manager.codec_id),
-            manager_stats={**manager.stats(), "events_dropped": manager.events_dropped},
+            policy=str(getattr(view.policy, "name", type(view.policy).__name__)),
+            codec_id=str(view.codec_id),
+            manager_stats=view.stats(),
             counters=dict(self.counters),
-            tiers=tuple(self._tier(manager, tier) for tier in TIERS),
+            tiers=tuple(self._tier(tier) for tier in view.tiers()),
             decisions=tuple(self.decisions),
-            blocks={tier: self._blocks(manager, tier) for tier in TIERS},
+            blocks={tier: tuple(view.blocks(tier, self.max_blocks)) for tier in TIERS},
             ttft=dict(self._ttft_summary),
         )
         return True
 
-    def _tier(self, manager, tier: str) -> dict[str, Any]:
-        alloc = manager.alloc[tier]
+    def _tier(self, tier: TierView) -> dict[str, Any]:
         out = {
-            "name": tier,
-            "capacity_blocks": alloc.capacity,
-            "used_slots": alloc.num_used,
-            "free_slots": alloc.num_free,
-            "stored_blocks": len(manager.index.order[tier]),
+            "name": tier.name,
+            "capacity_blocks": tier.capacity_blocks,
+            "used_slots": tier.used_slots,
+            "free_slots": tier.free_slots,
+            "stored_blocks": tier.stored_blocks,
         }
-        per_block = self.bytes_per_block.get(tier)
+        per_block = self.bytes_per_block.get(tier.name)
         if per_block:
-            out["capacity_bytes"] = alloc.capacity * per_block
-            out["used_bytes"] = alloc.num_used * per_block
+            out["capacity_bytes"] = tier.capacity_blocks * per_block
+            out["used_bytes"] = tier.used_slots * per_block
         return out
-
-    def _blocks(self, manager, tier: str) -> tuple[tuple, ...]:
-        out = []
-        entries = manager.index.entries
-        for block_hash in reversed(manager.index.order[tier]):
-            if len(out) >= self.max_blocks:
-                break
-            e = entries[block_hash]
-            out.append((block_hash, e.tier, e.slot, e.hits, e.stored_at, e.last_access, e.ready, e.refs,
-                        e.move is not None, e.evictable))  # fmt: skip
-        return tuple(out)
-
-
-def block_record(entry) -> dict[str, Any]:
-    """A BlockEntry as plain data (times on the manager's clock)."""
-    return dict(zip(BLOCK_FIELDS, (
-        entry.block_hash, entry.tier, entry.slot, entry.hits, entry.stored_at, entry.last_access, entry.ready,
-        entry.refs, entry.move is not None, entry.evictable,
-    ), strict=True))  # fmt: skip
 
 
 def live_states() -> list[InspectionState]:

@@ -2,13 +2,14 @@
 
 Provides:
     TransferEngine(vram, dram, max_batch_blocks=None, staging_bytes=64 MiB)   staging per direction
-        submit(job: TransferJob)          start a spill or warm; never blocks the caller (CUDA)
-        poll() -> list[TransferResult]    jobs finished since the last poll (non-blocking)
-        wait() -> list[TransferResult]    block until everything submitted has finished
+        submit(job: TransferJob)          start a move between the tiers the job names; never blocks the
+                                          caller (CUDA); a job that cannot start is reported failed
+        fail(job, error)                  report a job failed without running it
+        poll() -> list[JobResult]         jobs finished since the last poll (non-blocking)
+        wait() -> list[JobResult]         block until everything submitted has finished
         read_dram(slots) -> KVBlocks      DRAM blocks on the VRAM device (current stream), e.g. to decode a
                                           load straight from DRAM
         write_dram(slots, blocks)         blocks on the VRAM device → DRAM slots (a store that went to DRAM)
-    TransferResult                        job id, kind, ok, blocks, bytes, seconds, error; .to_dict()
 
 How a batch moves (no scatter on the CPU, one DMA per run of consecutive DRAM slots):
     spill: pairs sorted by DRAM slot; GPU gather (index_select) of the VRAM blocks into a device staging
@@ -25,34 +26,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 
 import torch
 
-from tiercache.allocator import contiguous_runs
-from tiercache.jobs import SPILL, WARM, TransferJob
-from tiercache.pools import SECTIONS, DramPool, KVBlocks, VramPool
+from tiercache.layout import contiguous_runs
+from tiercache.wire import DRAM, VRAM, JobResult, TransferJob
+from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool
 
 logger = logging.getLogger(__name__)
 DEFAULT_STAGING_BYTES = 64 * 2**20  # per direction, on the device
-
-
-@dataclass(frozen=True)
-class TransferResult:
-    job_id: int
-    kind: str
-    ok: bool
-    blocks: int
-    bytes: int
-    seconds: float
-    error: str | None = None
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+DIRECTIONS = ((VRAM, DRAM), (DRAM, VRAM))
 
 
 class TransferEngine:
@@ -80,10 +63,10 @@ class TransferEngine:
         self.max_batch = max(1, min(max_batch_blocks, max(vram.num_blocks, 1)))
         stride = dram.stride
         self._staging = {
-            kind: torch.empty(self.max_batch, stride, dtype=torch.uint8, device=self.device)
-            for kind in (SPILL, WARM)
-        }  # [max_batch, stride] uint8: device rows laid out exactly like DRAM rows
-        self._streams = {kind: torch.cuda.Stream(self.device) for kind in (SPILL, WARM)} if self.cuda else {}
+            way: torch.empty(self.max_batch, stride, dtype=torch.uint8, device=self.device)
+            for way in DIRECTIONS
+        }  # [max_batch, stride] uint8 per direction: device rows laid out exactly like DRAM rows
+        self._streams = {way: torch.cuda.Stream(self.device) for way in DIRECTIONS} if self.cuda else {}
         # Copy in the widest word that divides every (layer, block) piece: 8 bytes for real geometries.
         pieces = [
             _nbytes(shape, dtype) // vram.layout.num_layers for _, _, shape, dtype in vram.layout.sections()
@@ -95,7 +78,7 @@ class TransferEngine:
             for name, t in vram.views().items()
         }
         self._pending: list[tuple[TransferJob, torch.cuda.Event, torch.cuda.Event]] = []
-        self._done: list[TransferResult] = []
+        self._done: list[JobResult] = []
 
     @property
     def in_flight(self) -> int:
@@ -109,7 +92,7 @@ class TransferEngine:
                 self._run(job)
                 self._done.append(self._result(job, time.perf_counter() - t0))
                 return
-            stream = self._streams[job.kind]
+            stream = self._streams[job.src_tier, job.dst_tier]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
@@ -118,10 +101,14 @@ class TransferEngine:
                 end.record(stream)
             self._pending.append((job, start, end))
         except Exception as exc:  # a failed transfer is reported, never raised into the engine
-            logger.warning("tiercache: %s job %d failed: %s", job.kind, job.job_id, exc)
-            self._done.append(self._result(job, 0.0, error=f"{exc.__class__.__name__}: {exc}"))
+            self.fail(job, f"{exc.__class__.__name__}: {exc}")
 
-    def poll(self) -> list[TransferResult]:
+    def fail(self, job: TransferJob, error: str) -> None:
+        """Report a job as failed without running it (the next poll returns it)."""
+        logger.warning("tiercache: %s job %d failed: %s", job.kind, job.job_id, error)
+        self._done.append(self._result(job, 0.0, error=error))
+
+    def poll(self) -> list[JobResult]:
         still = []
         for job, start, end in self._pending:
             if end.query():
@@ -132,7 +119,7 @@ class TransferEngine:
         done, self._done = self._done, []
         return done
 
-    def wait(self) -> list[TransferResult]:
+    def wait(self) -> list[JobResult]:
         for _, _, end in self._pending:
             end.synchronize()
         return self.poll()
@@ -160,16 +147,15 @@ class TransferEngine:
 
     # ------------------------------------------------------------------ internals
     def _run(self, job: TransferJob) -> None:
-        vram_slots, dram_slots = (
-            (job.src_slots, job.dst_slots) if job.kind == SPILL else (job.dst_slots, job.src_slots)
-        )
+        to_dram = job.dst_tier == DRAM
+        vram_slots, dram_slots = (job.src_slots, job.dst_slots) if to_dram else (job.dst_slots, job.src_slots)
         pairs = sorted(zip(dram_slots, vram_slots, strict=True))
-        staging = self._staging[job.kind]
+        staging = self._staging[job.src_tier, job.dst_tier]
         for i in range(0, len(pairs), self.max_batch):
             chunk = pairs[i : i + self.max_batch]
             rows = staging[: len(chunk)]
             idx = self._device_index([v for _, v in chunk])
-            if job.kind == SPILL:
+            if to_dram:
                 for name, view in self._words(rows).items():  # gather straight into the staging rows
                     torch.index_select(self._vram_words[name], 1, idx, out=view.transpose(0, 1))
                 self._dma([d for d, _ in chunk], rows, to_dram=True)
@@ -226,16 +212,14 @@ class TransferEngine:
 
     def _check(self, job: TransferJob) -> None:
         for tier_slots, pool in ((job.src_slots, job.src_tier), (job.dst_slots, job.dst_tier)):
-            limit = self.vram.num_blocks if pool == "vram" else self.dram.num_blocks
+            limit = self.vram.num_blocks if pool == VRAM else self.dram.num_blocks
             bad = [s for s in tier_slots if not 0 <= s < limit]
             if bad:
                 raise IndexError(f"{pool} slots out of range [0, {limit}): {bad[:5]}")
 
-    def _result(self, job: TransferJob, seconds: float, error: str | None = None) -> TransferResult:
+    def _result(self, job: TransferJob, seconds: float, error: str | None = None) -> JobResult:
         n = len(job)
-        return TransferResult(
-            job.job_id, job.kind, error is None, n, n * self.vram.layout.block_bytes, seconds, error
-        )
+        return JobResult(job.job_id, error is None, n, n * self.vram.layout.block_bytes, seconds, error)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -245,4 +229,4 @@ def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     return n
 
 
-__all__ = ["WARM", "TransferEngine", "TransferResult"]
+__all__ = ["TransferEngine"]

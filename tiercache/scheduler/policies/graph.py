@@ -18,7 +18,7 @@ Event → graph notification:
                                        observe_request (parent only when it is itself stored), unless the
                                        graph already has the block
     HitEvent                           on_hit(hash, request of the latest observe_request)
-    SpillEvent / WarmEvent "done"      on_move(hash, from, to)
+    MoveEvent "done"                   on_move(hash, tier_from, tier_to)
     EvictionEvent(to None), DropEvent, StoreEvent(not stored)   on_remove(hash) (its reuse class is kept
                                        as a ghost: stored again, the graph learns that it came back)
 Hits are left to the connector (graph.on_hit with the request id), since lookups repeat every step.
@@ -29,18 +29,9 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 
-from tiercache.events import (
-    DRAM,
-    VRAM,
-    DropEvent,
-    EvictionEvent,
-    HitEvent,
-    SpillEvent,
-    StoreEvent,
-    TierEvent,
-    WarmEvent,
-)
-from tiercache.policy import Candidates, EvictionPolicy, VictimDecision
+from tiercache.scheduler.events import DropEvent, EvictionEvent, HitEvent, MoveEvent, StoreEvent, TierEvent
+from tiercache.scheduler.policies.base import Candidates, EvictionPolicy, VictimDecision
+from tiercache.wire import TIERS
 
 
 class GraphPolicy(EvictionPolicy):
@@ -92,10 +83,9 @@ class GraphPolicy(EvictionPolicy):
                 graph.on_remove(h)
         elif isinstance(event, HitEvent) and h in graph:
             graph.on_hit(h, self._request)
-        elif isinstance(event, (SpillEvent, WarmEvent)) and event.stage == "done" and h in graph:
-            src, dst = (VRAM, DRAM) if isinstance(event, SpillEvent) else (DRAM, VRAM)
-            if graph.tier_of(h) == src:
-                graph.on_move(h, src, dst)
+        elif isinstance(event, MoveEvent) and event.stage == "done" and h in graph:
+            if graph.tier_of(h) == event.tier_from:
+                graph.on_move(h, event.tier_from, event.tier_to)
         elif (isinstance(event, EvictionEvent) and event.tier_to is None) or isinstance(event, DropEvent):
             graph.on_remove(h)
 
@@ -107,7 +97,7 @@ def make_graph_policy(eviction_config) -> GraphPolicy:
     from tiercache.graph import GraphEvictionAdvisor, KVCacheGraph
 
     advisor = GraphEvictionAdvisor(
-        KVCacheGraph(tiers=(VRAM, DRAM)),
+        KVCacheGraph(tiers=TIERS),
         interval_s=eviction_config.advisor_interval,
         max_stale_s=eviction_config.max_stale,
     )

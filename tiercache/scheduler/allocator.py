@@ -6,7 +6,6 @@ Provides:
                                            of length ≥ n exists, else the largest runs first
         free(slots)                        return slots; neighbours coalesce; freeing a free slot raises
         num_free, num_used, capacity, is_used(slot), runs(), check()
-    contiguous_runs(slots) -> list[(start, length)]   how a slot list splits into runs
 
 Contiguous runs matter for the DRAM tier: a spill batch placed in one run of pinned slots is one DMA, with no
 CPU-side scatter. Free runs are kept in dicts by start and by end (O(1) coalescing) and in power-of-two size
@@ -16,7 +15,9 @@ vLLM's block ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+
+from tiercache.layout import contiguous_runs
 
 
 class SlotAllocator:
@@ -124,14 +125,3 @@ class SlotAllocator:
         del self._end_start[start + length]
         self._buckets[length.bit_length() - 1].discard(start)
         return length
-
-
-def contiguous_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
-    """[3, 4, 5, 9, 10, 2] → [(3, 3), (9, 2), (2, 1)]: maximal runs of consecutive slots, in order."""
-    runs: list[tuple[int, int]] = []
-    for slot in slots:
-        if runs and runs[-1][0] + runs[-1][1] == slot:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((slot, 1))
-    return runs

@@ -1,4 +1,5 @@
-"""The tier index: block hash → entry (tier, slot, state), with per-tier recency order.
+"""The tier index: block hash → entry (tier, slot, state), with each tier's recency order. It is the one
+record of where blocks are: the manager owns it; the graph and the workers learn from its events and plans.
 
 Provides:
     BlockEntry      one stored block: codec id, tier and slot, ready/bad flags, loads in flight (refs),
@@ -7,18 +8,18 @@ Provides:
     BlockIndex      get / add / remove / relocate / touch; candidates(tier) for eviction policies
 
 A block is evictable only when it is ready, not bad, has no loads in flight, no move in flight and no retired
-slot still being read. The per-tier order holds every ready block of the tier, least recently used first;
-candidate iteration skips the ones that are not evictable.
+slot still being read. The per-tier order (a RecencyOrder) holds every ready block of the tier, least
+recently used first; candidate iteration skips the ones that are not evictable.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tiercache.events import TIERS
-from tiercache.policy import BlockInfo
+from tiercache.scheduler.policies.base import BlockInfo
+from tiercache.scheduler.recency import RecencyOrder
+from tiercache.wire import TIERS
 
 
 @dataclass(slots=True)
@@ -51,6 +52,16 @@ class BlockEntry:
     def idle(self) -> bool:
         return self.refs == 0 and self.move is None
 
+    def unreadable(self, codec_id: str) -> str | None:
+        """Why a load of this block as `codec_id` cannot be served now (None: it can)."""
+        if self.codec_id != codec_id:
+            return f"codec mismatch: stored {self.codec_id}, asked {codec_id}"
+        if not self.ready:
+            return "store in flight"
+        if self.bad:
+            return "a load of it failed: recompute"
+        return None
+
     def info(self) -> BlockInfo:
         return BlockInfo(self.block_hash, self.tier, self.slot, self.stored_at, self.last_access, self.hits)
 
@@ -58,7 +69,7 @@ class BlockEntry:
 class BlockIndex:
     def __init__(self) -> None:
         self.entries: dict[bytes, BlockEntry] = {}
-        self.order: dict[str, OrderedDict[bytes, None]] = {tier: OrderedDict() for tier in TIERS}
+        self.order: dict[str, RecencyOrder] = {tier: RecencyOrder() for tier in TIERS}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -73,33 +84,33 @@ class BlockIndex:
         assert entry.block_hash not in self.entries, "block stored twice"
         self.entries[entry.block_hash] = entry
         if entry.ready:
-            self.order[entry.tier][entry.block_hash] = None
+            self.order[entry.tier].add(entry.block_hash)
 
     def mark_ready(self, entry: BlockEntry) -> None:
         entry.ready = True
-        self.order[entry.tier][entry.block_hash] = None
+        self.order[entry.tier].add(entry.block_hash)
 
     def remove(self, entry: BlockEntry) -> None:
         del self.entries[entry.block_hash]
-        self.order[entry.tier].pop(entry.block_hash, None)
+        self.order[entry.tier].discard(entry.block_hash)
 
     def relocate(self, entry: BlockEntry, tier: str, slot: int) -> None:
-        self.order[entry.tier].pop(entry.block_hash, None)
+        self.order[entry.tier].discard(entry.block_hash)
         entry.tier, entry.slot = tier, slot
         if entry.ready:
-            self.order[tier][entry.block_hash] = None
+            self.order[tier].add(entry.block_hash)
 
     def touch(self, entry: BlockEntry, now: float) -> None:
         entry.last_access = now
         if entry.ready:
-            self.order[entry.tier].move_to_end(entry.block_hash)
+            self.order[entry.tier].touch(entry.block_hash)
 
     def candidates(self, tier: str) -> TierCandidates:
         return TierCandidates(self, tier)
 
 
 class TierCandidates:
-    """Evictable blocks of one tier, least recently used first (the Candidates protocol of policy.py)."""
+    """Evictable blocks of one tier, least recently used first (policies/base.py's Candidates protocol)."""
 
     def __init__(self, index: BlockIndex, tier: str) -> None:
         self._index = index

@@ -1,17 +1,18 @@
 """Decisions as data: every store, hit, miss, spill, warm and eviction is a frozen event with its reason.
 
 Provides:
-    VRAM, DRAM, TIERS               tier names (plain strings, msgpack-able)
     TierEvent                       base: seq, time, block_hash, codec_id, reason; .kind; .to_dict()
     StoreEvent(tier, slot, stored)  a store completed (stored=True) or failed (stored=False)
     HitEvent(tier, slot)            lookup found the block ready
     MissEvent()                     lookup stopped here (reason: not stored, store in flight, load failed, …)
-    SpillEvent / WarmEvent          a move VRAM → DRAM / DRAM → VRAM: stage planned | done | failed, job id
+    MoveEvent                       a block moving tier_from → tier_to (kind "spill" towards the slower tier,
+                                    "warm" towards the faster): stage planned | done | failed, job id, slots
     EvictionEvent                   a victim the manager took: tier_from, tier_to (DRAM = spilled, None =
                                     dropped), the policy actually used, score, score components, snapshot age
     DropEvent                       a block left the tiers without a policy choice (failed load/store, clear)
 
-Drained by the caller with TierManager.take_events(); the eviction policy sees each one (policy.observe).
+Drained by the caller with TierManager.take_events(); the eviction policy sees each one (policy.observe), and
+the graph learns the blocks' tiers from them.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-VRAM = "vram"
-DRAM = "dram"
-TIERS = (VRAM, DRAM)
+from tiercache.wire import DRAM, VRAM, move_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,21 +63,17 @@ class MissEvent(TierEvent):
 
 
 @dataclass(frozen=True, slots=True)
-class SpillEvent(TierEvent):
+class MoveEvent(TierEvent):
+    tier_from: str = VRAM
+    tier_to: str = DRAM
     stage: str = "planned"  # planned | done | failed
     job_id: int = -1
-    from_slot: int = -1  # VRAM
-    to_slot: int = -1  # DRAM
-    kind: ClassVar[str] = "spill"
+    from_slot: int = -1  # in tier_from
+    to_slot: int = -1  # in tier_to
 
-
-@dataclass(frozen=True, slots=True)
-class WarmEvent(TierEvent):
-    stage: str = "planned"  # planned | done | failed
-    job_id: int = -1
-    from_slot: int = -1  # DRAM
-    to_slot: int = -1  # VRAM
-    kind: ClassVar[str] = "warm"
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return move_kind(self.tier_from, self.tier_to)
 
 
 @dataclass(frozen=True, slots=True)

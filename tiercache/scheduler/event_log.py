@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from tiercache.events import TierEvent
-from tiercache.policy import EvictionPolicy
+from tiercache.scheduler.events import TierEvent
+from tiercache.scheduler.policies.base import EvictionPolicy
 
 logger = logging.getLogger(__name__)
 

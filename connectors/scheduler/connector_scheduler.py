@@ -1,0 +1,252 @@
+"""Scheduler side of the connector: owns the TierManager (and its eviction policy) and turns its decisions
+into one StepPlan per engine step (DESIGN.md decision 1: the scheduler decides, workers execute).
+
+Provides:
+    ConnectorScheduler(config, geometry, world_size=1)
+        num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events)
+        after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
+        refuse_loads(request, block_ids, num_external_tokens)     fallback: queue them refused instead
+        build_plan(scheduler_output) -> StepPlan                  loads + stores of newly full blocks + jobs
+        observe_step(plan)                                        policy hint: the plan's loads go together
+        refuse_step(reason) -> StepPlan / release_refused_step()  fallback when build_plan raised
+        on_reports(reports)                                       completions → complete_store/load/transfer
+        request_finished(request_id), drain_events(), close()
+        events                                                    recent TierEvents (bounded deque)
+        inspection                                                InspectionState (tiercache.inspect), served
+                                                                  on a Unix socket unless inspect.socket "off"
+
+Errors are not caught here: the connector (connectors/vllm.py) catches them where vLLM calls, and calls the
+fallbacks above, which never leave a block in flight. Loads are synchronous (vLLM's sync-load path): a block
+counted as loaded but refused or failed on a worker is reported as a load error and vLLM recomputes it.
+Stores happen in the step where a block becomes full, so nothing is held at request end. A step whose plan
+fails aborts the stores it prepared and refuses its queued loads (released: they stay good for later hits);
+a worker report that does not match its step counts that step's items as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tiercache.config import TierCacheConfig
+from tiercache.inspect import InspectError, InspectionService, InspectionState
+from tiercache.scheduler.manager import TierManager
+from tiercache.scheduler.policies import make_policy
+from tiercache.wire import DRAM, VRAM, LoadItem, StepPlan, StoreItem, WorkerReport
+
+from ..common import Geometry
+from .requests import RequestTracker
+
+logger = logging.getLogger(__name__)
+MAX_RECENT_EVENTS = 100_000
+
+
+@dataclass
+class _StepRecord:
+    """A step sent to the workers and not yet reported: what to complete when the reports come."""
+
+    stores: tuple[bytes, ...] = ()
+    loads: tuple[tuple[bytes, bool], ...] = ()  # (block hash, pinned by prepare_load)
+
+
+@dataclass
+class _Refused:
+    """A step whose plan failed: what it had reserved, released by release_refused_step()."""
+
+    step: int
+    stores: tuple[bytes, ...]
+    pinned: list[bytes] = field(default_factory=list)
+    reason: str = ""
+
+
+class ConnectorScheduler:
+    def __init__(self, config: TierCacheConfig, geometry: Geometry, world_size: int = 1) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.block_size = geometry.block_size
+        self.world_size = world_size
+        self.codec_id = geometry.codec_id(config.codec)
+        layout = geometry.layout(config.codec)
+        self.manager = TierManager.from_config(config, layout, self.codec_id, make_policy(config.eviction))
+        self.requests = RequestTracker(self.block_size)
+        self.events: deque = deque(maxlen=MAX_RECENT_EVENTS)
+        self.counters = {"loaded_blocks": 0, "load_failures": 0, "stored_blocks": 0, "store_failures": 0}
+        self._loads: list[LoadItem] = []  # queued for the next plan
+        self._in_flight: dict[int, _StepRecord] = {}
+        self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
+        self._step = 0
+        self._building: tuple[int, tuple[bytes, ...]] | None = None  # step being built, its reserved stores
+        self._refused: _Refused | None = None
+        self.inspection = InspectionState()
+        try:
+            self.inspection_service = InspectionService.start(config.inspect, self.inspection)
+        except InspectError as exc:  # the cache works without it; say why it is not reachable
+            logger.warning("tiercache: inspection socket not started: %s", exc)
+            self.inspection_service = None
+        tiers = {t.name: t.capacity_blocks for t in self.manager.view().tiers()}
+        logger.info(
+            "tiercache: scheduler side: codec %s, %d VRAM + %d DRAM blocks of %d tokens (%d layers, %d KV "
+            "heads/rank, head_dim %d)", config.codec.name, tiers[VRAM], tiers[DRAM], self.block_size,
+            len(geometry.layer_names), geometry.num_kv_heads, geometry.head_dim,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ admission
+    def num_matched_tokens(self, request, num_computed_tokens: int) -> int:
+        max_blocks = (request.num_tokens - 1) // self.block_size  # one token is always recomputed
+        hit = self.manager.lookup(request.block_hashes[:max_blocks], record=False)
+        self.requests.admit(request, num_computed_tokens)
+        return max(0, hit * self.block_size - num_computed_tokens)
+
+    def after_alloc(self, request, block_ids: list[int], num_external_tokens: int) -> None:
+        """Queue the loads first, then the policy hints and statistics: if a hint fails, the fallback
+        (refuse_loads) finds the loads already queued and changes nothing."""
+        state = self.requests.admit(request)
+        if num_external_tokens > 0:
+            hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
+            out = self.manager.prepare_load(hashes)  # raises having pinned nothing
+            if out is None:  # changed since the lookup: the workers report these as load errors → recompute
+                self._loads += [LoadItem(h, None, -1, b) for h, b in zip(hashes, ids, strict=True)]
+            else:
+                placed = zip(out.block_hashes, out.tiers, out.slots, ids, strict=True)
+                self._loads += [LoadItem(h, t, s, b) for h, t, s, b in placed]
+        self.manager.observe_request(request.request_id, list(request.block_hashes))
+        first = state.local_computed // self.block_size
+        last = (request.num_tokens - 1) // self.block_size
+        self.manager.lookup(request.block_hashes[first:last])  # once per admission: hits and the first miss
+        loaded = max(num_external_tokens, 0)
+        recomputed = max(request.num_prompt_tokens - state.local_computed - loaded, 0)
+        self.inspection.record_tokens(loaded=loaded, recomputed=recomputed)
+
+    def refuse_loads(self, request, block_ids: list[int], num_external_tokens: int) -> None:
+        """After a failure in after_alloc: vLLM counts these tokens as loaded, so the workers must report
+        their blocks as load errors (vLLM recomputes them) — never leave them unwritten."""
+        state = self.requests.admit(request)
+        queued = {x.block_id for x in self._loads}
+        hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
+        self._loads += [LoadItem(h, None, -1, b) for h, b in zip(hashes, ids, strict=True) if b not in queued]
+
+    # ------------------------------------------------------------------ per step
+    def build_plan(self, scheduler_output) -> StepPlan:
+        """This step's plan: the queued loads, stores of the blocks that become full, planned jobs."""
+        step, self._step = self._step, self._step + 1
+        self._building = (step, ())
+        wanted = self.requests.newly_full(scheduler_output)
+        stores: tuple[StoreItem, ...] = ()
+        if wanted:
+            out = self.manager.prepare_store(list(wanted))
+            if out is not None:
+                self._building = (step, out.block_hashes)
+                placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
+                stores = tuple(StoreItem(h, t, s, wanted[h]) for h, t, s in placed)
+        jobs = tuple(self.manager.take_jobs())  # the last call that can fail
+        loads, self._loads = tuple(self._loads), []
+        self._building = None
+        self._in_flight[step] = _StepRecord(
+            tuple(s.block_hash for s in stores), tuple((x.block_hash, x.tier is not None) for x in loads)
+        )
+        return StepPlan(step, loads, stores, jobs)
+
+    def observe_step(self, plan: StepPlan) -> None:
+        """Blocks loaded together in a step (the graph's co_attend edges); a hint, given after the plan."""
+        if len(plan.loads) >= 2:
+            self.manager.observe_step([x.block_hash for x in plan.loads])
+
+    def refuse_step(self, reason: str) -> StepPlan:
+        """The plan of a step whose build_plan raised: no stores or jobs (planned jobs go out with the next
+        step), the queued loads refused (the workers report them as load errors, vLLM recomputes them). Only
+        bookkeeping, no manager call; then release_refused_step() frees what the step had reserved."""
+        step, reserved = self._building or (self._step, ())
+        self._step = max(self._step, step + 1)
+        self._building = None
+        loads, self._loads = self._loads, []
+        self._in_flight[step] = _StepRecord((), tuple((x.block_hash, False) for x in loads))
+        pinned = [x.block_hash for x in loads if x.tier is not None]
+        self._refused = _Refused(
+            step, reserved, pinned, f"store aborted: step {step}'s plan failed: {reason}"
+        )
+        logger.warning(
+            "tiercache: step %d stores nothing (%d prepared stores aborted) and refuses its %d loads "
+            "(recomputed)", step, len(reserved), len(loads),
+        )  # fmt: skip
+        return StepPlan(step, tuple(LoadItem(x.block_hash, None, -1, x.block_id) for x in loads))
+
+    def release_refused_step(self) -> None:
+        """Abort the refused step's reserved stores and unpin its loads: nothing will read those blocks, and
+        they stay good for later hits."""
+        refused, self._refused = self._refused, None
+        if refused is None:
+            return
+        if refused.stores:
+            self.manager.abort_store(refused.stores, refused.reason[:200])
+        if refused.pinned:
+            self.manager.complete_load(refused.pinned)
+
+    def on_reports(self, reports: Sequence[WorkerReport]) -> None:
+        """Every rank's report of one engine step: a store or load is ok only if it is ok on every rank; a
+        job completes once world_size ranks reported it."""
+        steps: dict[int, tuple[list[bool], list[bool]]] = {}
+        for report in reports:
+            for reason in report.errors:
+                logger.warning("tiercache: worker: %s", reason)
+            for result in report.steps:
+                record = self._in_flight.get(result.step)
+                if record is None:
+                    logger.warning("tiercache: worker report for unknown step %s ignored", result.step)
+                    continue
+                stores = _aligned(result.stores_ok, len(record.stores), result.step, "store")
+                loads = _aligned(result.loads_ok, len(record.loads), result.step, "load")
+                if result.step in steps:
+                    stores = [a and b for a, b in zip(steps[result.step][0], stores, strict=True)]
+                    loads = [a and b for a, b in zip(steps[result.step][1], loads, strict=True)]
+                steps[result.step] = (stores, loads)
+        for step, (stores_ok, loads_ok) in steps.items():
+            self._complete_step(self._in_flight.pop(step), stores_ok, loads_ok)
+        for report in reports:
+            for job in report.jobs:
+                seen = self._job_reports.setdefault(job.job_id, [0, True])
+                seen[0] += 1
+                seen[1] = seen[1] and job.ok
+                if seen[0] >= self.world_size:
+                    del self._job_reports[job.job_id]
+                    self.manager.complete_transfer(job.job_id, seen[1])
+
+    def _complete_step(self, record: _StepRecord, stores_ok: list[bool], loads_ok: list[bool]) -> None:
+        for block_hash, ok in zip(record.stores, stores_ok, strict=True):
+            self.manager.complete_store([block_hash], ok)
+            self.counters["stored_blocks" if ok else "store_failures"] += 1
+        for (block_hash, pinned), ok in zip(record.loads, loads_ok, strict=True):
+            if pinned:  # refused loads were never pinned: nothing to complete
+                self.manager.complete_load([block_hash], ok)
+            self.counters["loaded_blocks" if ok else "load_failures"] += 1
+
+    def request_finished(self, request_id: str) -> None:
+        self.requests.finish(request_id)
+
+    def drain_events(self) -> None:
+        """Take the manager's events into `events` and the inspection state, and publish (rate-limited)."""
+        events = self.manager.take_events()
+        self.events.extend(events)
+        self.inspection.record(events)
+        self.inspection.publish(self.manager.view())
+
+    def close(self) -> None:
+        self.drain_events()
+        self.inspection.publish(self.manager.view(), force=True)
+        if self.inspection_service is not None:
+            self.inspection_service.close()
+            self.inspection_service = None
+        self.manager.close()
+
+
+def _aligned(oks: Sequence[bool], n: int, step: int, what: str) -> list[bool]:
+    """A worker report that does not match its step's plan is not trusted: every item counts as failed
+    (the manager still completes each one, so nothing stays in flight)."""
+    if len(oks) == n:
+        return [bool(ok) for ok in oks]
+    logger.error(
+        "tiercache: step %d: workers reported %d %s results for %d %ss; all count as failed",
+        step, len(oks), what, n, what,
+    )  # fmt: skip
+    return [False] * n

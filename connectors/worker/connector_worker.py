@@ -1,0 +1,202 @@
+"""Worker side of the connector: executes each step's plan on this rank's pools and vLLM's cache.
+
+Provides:
+    ConnectorWorker(config, geometry)
+        register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer, the rank's TierWorker
+                                             (pools on the cache's device: "vram" is the GPU, or host memory)
+        start_step(plan)                     loads (decode into vLLM's blocks), then submit the jobs
+        finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
+                                             record the step's result
+        abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
+                                             whatever did not complete is reported failed
+        take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
+        take_report() -> WorkerReport | None
+        shutdown()
+
+Never serve wrong KV (DESIGN.md decision 5): the TierWorker tags every slot with the block its plan wrote
+there and the codec id; a load whose slot does not hold the asked block with this codec is refused, and a
+failed load, store or transfer is reported as failed (vLLM recomputes; the manager drops or keeps the
+block). Errors are raised to the connector (connectors/vllm.py), which logs them and calls the fallbacks;
+nothing is raised into the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from tiercache.config import TierCacheConfig
+from tiercache.errors import ConfigError
+from tiercache.wire import JobResult, StepPlan, StepResult, WorkerReport
+from tiercache.worker.tier_worker import TierWorker
+
+from ..common import Geometry
+from .codec_io import decode_blocks, encode_blocks
+from .kv_views import BlockAccess, kv_access
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Step:
+    """One step's plan and how far it got (items turn ok only once done)."""
+
+    plan: StepPlan
+    loads_ok: list[bool]
+    stores_ok: list[bool]
+    submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
+    ended: bool = False  # its StepResult is recorded
+
+    @classmethod
+    def of(cls, plan: StepPlan) -> _Step:
+        return cls(plan, [False] * len(plan.loads), [False] * len(plan.stores))
+
+
+class ConnectorWorker:
+    def __init__(self, config: TierCacheConfig, geometry: Geometry) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.layout = geometry.layout(config.codec)
+        self.codec_id = geometry.codec_id(config.codec)
+        self.tiers: TierWorker | None = None
+        self.codec = None
+        self.k_views: list[BlockAccess] = []
+        self.v_views: list[BlockAccess] = []
+        self._step: _Step | None = None
+        self._load_errors: set[int] = set()
+        self._steps: list[StepResult] = []
+        self._jobs: list[JobResult] = []
+        self._errors: list[str] = []
+
+    def register(
+        self, kv_caches: dict[str, torch.Tensor], backend_names: dict[str, str], cpu_isa: str | None = None
+    ) -> None:
+        """cpu_isa: the CPU backend's ISA tag (layer.isa): its block layout is measured with vLLM's op."""
+        g = self.geometry
+        missing = [name for name in g.layer_names if name not in kv_caches]
+        if missing:
+            raise ValueError(f"tiercache: vLLM registered no KV cache for layers {missing}")
+        for name in g.layer_names:
+            k, v = kv_access(
+                kv_caches[name],
+                backend_names.get(name, ""),
+                g.block_size,
+                g.num_kv_heads,
+                g.head_dim,
+                cpu_isa,
+            )
+            self.k_views.append(k)
+            self.v_views.append(v)
+        device = self.k_views[0].device
+        self.codec = self.config.codec.build(g.head_dim, g.dtype)
+        if self.codec.codec_id != self.codec_id:
+            raise ConfigError(
+                f"tiercache: the worker's codec {self.codec.codec_id} differs from the scheduler's "
+                f"{self.codec_id}; both sides must read the same config (kv_connector_extra_config / "
+                "$TIERCACHE_CONFIG) and tiercache version"
+            )
+        self.tiers = TierWorker.from_config(self.config, self.layout, self.codec_id, device)
+        first = next(iter(g.layer_names))
+        logger.info(
+            "tiercache: worker side: %d layers on %s, cache %s %s (backend %s), K block %s; pools: %d VRAM + "
+            "%d DRAM blocks", len(self.k_views), device, tuple(kv_caches[first].shape), g.dtype,
+            backend_names.get(first), self.k_views[0].shape, self.tiers.vram.num_blocks,
+            self.tiers.dram.num_blocks,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ per step
+    def start_step(self, plan: StepPlan) -> None:
+        step = self._step = _Step.of(plan)
+        if plan.loads:
+            self._load(step)
+        for job in plan.jobs:
+            self.tiers.submit(job)
+            step.submitted.add(job.job_id)
+
+    def finish_step(self, plan: StepPlan) -> None:
+        step = self._current(plan)
+        if plan.stores:
+            self._store(step)
+        self._end(step)
+        if self.tiers.jobs_in_flight:
+            self._jobs += self.tiers.poll()
+
+    def abandon_loads(self, plan: StepPlan, reason: str) -> None:
+        """start_step raised: its loads not done are load errors (vLLM recomputes them) and its jobs not
+        submitted are reported failed."""
+        step = self._current(plan)
+        self._error(f"step {plan.step}: loading failed: {reason}")
+        for item, ok in zip(plan.loads, step.loads_ok, strict=True):
+            if not ok:
+                self._load_errors.add(item.block_id)
+        for job in plan.jobs:
+            if job.job_id not in step.submitted:
+                self._jobs.append(JobResult(job.job_id, False, len(job), 0, 0.0, f"not submitted: {reason}"))
+                step.submitted.add(job.job_id)
+
+    def abandon_stores(self, plan: StepPlan, reason: str) -> None:
+        """finish_step raised: the step is reported with its stores failed (the manager releases them)."""
+        self._error(f"step {plan.step}: storing failed: {reason}")
+        self._end(self._current(plan))
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_report(self) -> WorkerReport | None:
+        if not (self._steps or self._jobs or self._errors):
+            return None
+        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors))
+        self._steps, self._jobs, self._errors = [], [], []
+        return report
+
+    def shutdown(self) -> None:
+        if self.tiers is not None and self.tiers.jobs_in_flight:
+            self._jobs += self.tiers.wait()
+
+    # ------------------------------------------------------------------ loads and stores
+    def _current(self, plan: StepPlan) -> _Step:
+        """The state of this plan's step. A plan whose start_step never ran gets a fresh state, and its
+        loads, never done, become load errors."""
+        if self._step is None or self._step.plan is not plan:
+            self._step = _Step.of(plan)
+            if plan.loads:
+                self._error(f"step {plan.step}: its {len(plan.loads)} loads never started")
+                self._load_errors.update(item.block_id for item in plan.loads)
+        return self._step
+
+    def _end(self, step: _Step) -> None:
+        if not step.ended:
+            step.ended = True
+            self._steps.append(StepResult(step.plan.step, tuple(step.loads_ok), tuple(step.stores_ok)))
+
+    def _load(self, step: _Step) -> None:
+        todo = []
+        for i, item in enumerate(step.plan.loads):
+            reason = self.tiers.refusal(item)
+            if reason:
+                self._error(f"load of block {item.block_hash.hex()[:16]} refused: {reason}")
+                self._load_errors.add(item.block_id)
+            else:
+                todo.append(i)
+        if not todo:
+            return
+        items = [step.plan.loads[i] for i in todo]
+        blocks = self.tiers.load(items)
+        decode_blocks(self.codec, blocks, self.k_views, self.v_views, [x.block_id for x in items])
+        for i in todo:
+            step.loads_ok[i] = True
+
+    def _store(self, step: _Step) -> None:
+        stores = step.plan.stores
+        blocks = encode_blocks(
+            self.codec, self.k_views, self.v_views, [s.block_id for s in stores], self.layout
+        )
+        self.tiers.store(stores, blocks)
+        step.stores_ok[:] = [True] * len(stores)
+
+    def _error(self, reason: str) -> None:
+        logger.warning("tiercache: %s", reason)
+        self._errors.append(reason)

@@ -1,0 +1,7 @@
+"""`python -m tiercache.cli …`: the `tiercache` command."""
+
+import sys
+
+from tiercache.cli import main
+
+sys.exit(main())

@@ -1,0 +1,15 @@
+"""The scheduler side: runs in vLLM's scheduler process and decides where every block lives. The workers
+learn its decisions only through the wire types of tiercache.wire; it imports nothing from tiercache.worker.
+
+Provides:
+    abstract.py     TierManagerBase (the verbs, as vLLM's OffloadingManager) and the Prepare*Output results
+    manager.py      TierManager: the one owner of block state (index, slots, jobs, events)
+    blocks.py       BlockIndex, BlockEntry: block hash → tier, slot, state; each tier's recency order
+    recency.py      RecencyOrder: the one least-recently-used order (also the replay's LRU simulator's)
+    allocator.py    SlotAllocator: slots as contiguous runs
+    moves.py        Mover (room plans the manager applies), JobBook (transfer jobs in flight)
+    events.py       frozen events with reasons; event_log.py: numbered, shown to the policy, drained
+    policies/       the eviction seam, LRU, and the graph advisor's adapter (tiercache.graph)
+    views.py        ManagerView: read-only state for inspection, invariants and tests
+    invariants.py   the manager's consistency checks
+"""

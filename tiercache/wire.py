@@ -1,0 +1,180 @@
+"""The wire between the two processes: typed, frozen values, encoded once (msgpack) and decoded once.
+
+Provides:
+    VRAM, DRAM, TIERS       tier names, fastest first (plain strings)
+    move_kind(src, dst)     "spill" towards a slower tier, "warm" towards a faster one
+    LoadItem                read one stored block into a vLLM block (tier None: refused → a load error)
+    StoreItem               write one vLLM block into (tier, slot)
+    TransferJob             move blocks between tiers: source and destination tier, slots and block hashes
+    StepPlan                scheduler → workers, one per engine step: loads, stores, jobs
+    StepResult              one rank's outcome of a step's loads and stores, aligned with its plan
+    JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
+    WorkerReport            one rank → scheduler: step results, finished jobs, errors
+    encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
+
+The scheduler side builds each item once from the manager's decisions; the worker side reads its fields. No
+receiver re-derives a direction: a job names both of its tiers. Values validate themselves on construction
+(and so on decode): a malformed plan or report raises ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack
+
+VRAM = "vram"
+DRAM = "dram"
+TIERS = (VRAM, DRAM)  # fastest first
+T = TypeVar("T")
+
+
+def move_kind(src_tier: str, dst_tier: str) -> str:
+    """ "spill" towards a slower tier, "warm" towards a faster one (a label for logs and counters)."""
+    return "spill" if TIERS.index(dst_tier) > TIERS.index(src_tier) else "warm"
+
+
+def check_tier(tier: object, what: str) -> None:
+    if tier not in TIERS:
+        raise ValueError(f"{what}: tier must be one of {', '.join(TIERS)}, got {tier!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadItem:
+    block_hash: bytes
+    tier: str | None  # None: the manager refused the block after the lookup; the worker reports a load error
+    slot: int
+    block_id: int  # vLLM's block to write
+
+    def __post_init__(self) -> None:
+        if self.tier is not None:
+            check_tier(self.tier, "LoadItem")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreItem:
+    block_hash: bytes
+    tier: str
+    slot: int
+    block_id: int  # vLLM's block to read
+
+    def __post_init__(self) -> None:
+        check_tier(self.tier, "StoreItem")
+
+
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """Blocks moving from src_tier to dst_tier: pair i moves block_hashes[i] from src_slots[i] to
+    dst_slots[i]. Jobs of one step are independent (fresh destinations, sources owned until completion)."""
+
+    job_id: int
+    src_tier: str
+    dst_tier: str
+    src_slots: tuple[int, ...]
+    dst_slots: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        check_tier(self.src_tier, f"job {self.job_id} source")
+        check_tier(self.dst_tier, f"job {self.job_id} destination")
+        if self.src_tier == self.dst_tier:
+            raise ValueError(f"job {self.job_id}: source and destination are both {self.src_tier}")
+        if not len(self.src_slots) == len(self.dst_slots) == len(self.block_hashes):
+            raise ValueError(
+                f"job {self.job_id}: {len(self.src_slots)} sources, {len(self.dst_slots)} destinations, "
+                f"{len(self.block_hashes)} blocks"
+            )
+
+    @property
+    def kind(self) -> str:
+        return move_kind(self.src_tier, self.dst_tier)
+
+    def __len__(self) -> int:
+        return len(self.src_slots)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    step: int
+    loads: tuple[LoadItem, ...] = ()
+    stores: tuple[StoreItem, ...] = ()
+    jobs: tuple[TransferJob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step: int
+    loads_ok: tuple[bool, ...]  # aligned with the plan's loads
+    stores_ok: tuple[bool, ...]  # aligned with the plan's stores
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job_id: int
+    ok: bool
+    blocks: int
+    bytes: int
+    seconds: float
+    error: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    steps: tuple[StepResult, ...] = ()
+    jobs: tuple[JobResult, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+def encode(value: Any) -> bytes:
+    """A wire value as msgpack bytes (dataclasses as lists of their fields, in order)."""
+    return msgpack.packb(_plain(value), use_bin_type=True)
+
+
+def decode(data: bytes, cls: type[T]) -> T:
+    """The inverse of encode for a value of type cls; ValueError when the bytes do not hold one."""
+    try:
+        return _build(cls, msgpack.unpackb(data, raw=False))
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ValueError(f"malformed {cls.__name__} on the wire: {exc}") from None
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return [_plain(getattr(value, f.name)) for f in dataclasses.fields(value)]
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _build(tp: Any, data: Any) -> Any:
+    if dataclasses.is_dataclass(tp):
+        names, hints = _schema(tp)
+        if not isinstance(data, list) or len(data) != len(names):
+            raise ValueError(f"{tp.__name__} needs {len(names)} fields, got {data!r:.80}")
+        return tp(*(_build(hints[name], item) for name, item in zip(names, data, strict=True)))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple:  # tuple[X, ...]
+        if not isinstance(data, list):
+            raise ValueError(f"expected a list, got {data!r:.80}")
+        return tuple(_build(args[0], item) for item in data)
+    if origin is types.UnionType:  # X | None
+        return None if data is None else _build(next(a for a in args if a is not type(None)), data)
+    if tp is float and isinstance(data, int) and not isinstance(data, bool):
+        return float(data)
+    if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
+        raise ValueError(f"expected {tp.__name__}, got {data!r:.80}")
+    return data
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return tuple(f.name for f in dataclasses.fields(cls)), typing.get_type_hints(cls)

@@ -1,0 +1,46 @@
+"""What each slot of this rank's pools holds: the block last written there and the codec that encoded it,
+checked before a load or a move reads the slot. A tag is written from the plan that wrote the bytes (a
+StoreItem, or a finished TransferJob), never derived from anything else, and cleared before new bytes arrive.
+
+Provides:
+    SlotTags(capacities)                            {tier: slots}
+        clear(tier, slots)                          bytes are about to change (a store or a move destination)
+        set(tier, slots, hashes, codec_id)          these slots now hold these blocks, encoded with codec_id
+        tag(tier, slot) -> (hash, codec id) | None
+        refusal(tier, slot, block_hash, codec_id) -> str | None   why the slot cannot be read as that block
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class SlotTags:
+    def __init__(self, capacities: Mapping[str, int]) -> None:
+        self._tags: dict[str, list[tuple[bytes, str] | None]] = {t: [None] * n for t, n in capacities.items()}
+
+    def clear(self, tier: str, slots: Iterable[int]) -> None:
+        tags = self._tags[tier]
+        for slot in slots:
+            tags[slot] = None
+
+    def set(self, tier: str, slots: Iterable[int], hashes: Iterable[bytes], codec_id: str) -> None:
+        tags = self._tags[tier]
+        for slot, block_hash in zip(slots, hashes, strict=True):
+            tags[slot] = (block_hash, codec_id)
+
+    def tag(self, tier: str, slot: int) -> tuple[bytes, str] | None:
+        return self._tags[tier][slot]
+
+    def refusal(self, tier: str, slot: int, block_hash: bytes, codec_id: str) -> str | None:
+        tags = self._tags[tier]
+        if not 0 <= slot < len(tags):
+            return f"{tier} slot {slot} is out of range [0, {len(tags)})"
+        held = tags[slot]
+        if held is None:
+            return f"{tier} slot {slot} holds no block"
+        if held[0] != block_hash:
+            return f"{tier} slot {slot} holds block {held[0].hex()[:16]}"
+        if held[1] != codec_id:
+            return f"codec mismatch: {tier} slot {slot} holds {held[1]}, this worker uses {codec_id}"
+        return None

@@ -1,0 +1,150 @@
+"""Worker-side executor: runs the scheduler's plan items on one rank's pools. Nothing here decides anything.
+
+Provides:
+    TierWorker(vram, dram, codec_id, max_batch_blocks=None)   (None: 64 MiB of device staging per direction)
+    TierWorker.create(layout, vram_blocks, dram_blocks, codec_id, device, pin=None)
+    TierWorker.from_config(config, layout, codec_id, device, pin=None)   capacities from tiercache.layout,
+                                       as the manager's
+        store(items, blocks)           write encoded blocks ([L, n, …] on the device, aligned with the
+                                       StoreItems) where the plan says, and tag their slots
+        refusal(item) -> str | None    why a LoadItem cannot be served (refused by the manager, or its slot
+                                       does not hold that block); None: load it
+        load(items) -> KVBlocks        read the LoadItems' blocks (VRAM gather, DRAM DMA), in item order
+        submit(job)                    start a TransferJob (destination tags: cleared now, set once done)
+        poll() / wait() -> list[JobResult]   finished jobs; report each to the scheduler
+
+codec_id: the codec the rank's blocks are encoded with; every slot's tag carries it (SlotTags). Every rank
+receives the same items and holds its own KV-head shard in the same slots (tensor parallel). A job whose
+source slot does not hold the block it names fails (never moves the wrong bytes under a tag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tiercache.layout import BlockLayout, tier_capacities
+from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, StoreItem, TransferJob
+from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool
+from tiercache.worker.tags import SlotTags
+from tiercache.worker.transfer import TransferEngine
+
+
+class TierWorker:
+    def __init__(
+        self, vram: VramPool, dram: DramPool, codec_id: str, max_batch_blocks: int | None = None
+    ) -> None:
+        self.vram = vram
+        self.dram = dram
+        self.codec_id = codec_id
+        self.engine = TransferEngine(vram, dram, max_batch_blocks)
+        self.tags = SlotTags({VRAM: vram.num_blocks, DRAM: dram.num_blocks})
+        self._jobs: dict[int, TransferJob] = {}  # submitted, not yet finished
+
+    @classmethod
+    def from_config(
+        cls,
+        config,
+        layout: BlockLayout,
+        codec_id: str,
+        device: torch.device | str = "cuda",
+        pin: bool | None = None,
+    ) -> TierWorker:
+        """Allocate this rank's pools for a config (fails at start, with both numbers, when a tier asks for
+        more memory than the machine has)."""
+        device = torch.device(device)
+        config.check_memory(layout.bytes_per_token, check_device=device.type == "cuda")
+        capacity = tier_capacities(config, layout)
+        return cls.create(layout, capacity[VRAM], capacity[DRAM], codec_id, device, pin)
+
+    @classmethod
+    def create(
+        cls,
+        layout: BlockLayout,
+        vram_blocks: int,
+        dram_blocks: int,
+        codec_id: str,
+        device: torch.device | str = "cuda",
+        pin: bool | None = None,
+    ) -> TierWorker:
+        return cls(VramPool(layout, vram_blocks, device), DramPool(layout, dram_blocks, pin=pin), codec_id)
+
+    # ------------------------------------------------------------------ stores and loads
+    def store(self, items: Sequence[StoreItem], blocks: KVBlocks) -> None:
+        for tier, positions in _by_tier(items).items():
+            slots = [items[i].slot for i in positions]
+            self.tags.clear(tier, slots)
+            part = blocks if len(positions) == len(items) else _take(blocks, positions)
+            if tier == VRAM:
+                self.vram.write(slots, part)
+            else:
+                self.engine.write_dram(slots, part)
+            self.tags.set(tier, slots, (items[i].block_hash for i in positions), self.codec_id)
+
+    def refusal(self, item: LoadItem) -> str | None:
+        if item.tier is None:
+            return "the manager refused it after the lookup"
+        return self.tags.refusal(item.tier, item.slot, item.block_hash, self.codec_id)
+
+    def load(self, items: Sequence[LoadItem]) -> KVBlocks:
+        groups = _by_tier(items)
+        parts = {}
+        for tier, positions in groups.items():
+            slots = [items[i].slot for i in positions]
+            parts[tier] = self.vram.read(slots) if tier == VRAM else self.engine.read_dram(slots)
+        if len(parts) == 1:
+            return next(iter(parts.values()))
+        order = torch.as_tensor(groups[VRAM] + groups[DRAM])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        inverse = inverse.to(self.vram.device)
+        return KVBlocks(
+            *(
+                torch.cat([getattr(parts[VRAM], n), getattr(parts[DRAM], n)], dim=1).index_select(1, inverse)
+                for n in SECTIONS
+            )
+        )
+
+    # ------------------------------------------------------------------ transfers
+    def submit(self, job: TransferJob) -> None:
+        self.tags.clear(job.dst_tier, job.dst_slots)
+        wrong = next(
+            (r for s, h in zip(job.src_slots, job.block_hashes, strict=True)
+             if (r := self.tags.refusal(job.src_tier, s, h, self.codec_id))), None,
+        )  # fmt: skip
+        self._jobs[job.job_id] = job
+        if wrong is not None:
+            self.engine.fail(job, f"source check failed: {wrong}")
+        else:
+            self.engine.submit(job)
+
+    def poll(self) -> list[JobResult]:
+        return self._finished(self.engine.poll())
+
+    def wait(self) -> list[JobResult]:
+        return self._finished(self.engine.wait())
+
+    @property
+    def jobs_in_flight(self) -> int:
+        return len(self._jobs)
+
+    def _finished(self, results: list[JobResult]) -> list[JobResult]:
+        for result in results:
+            job = self._jobs.pop(result.job_id, None)
+            if job is not None and result.ok:
+                self.tags.set(job.dst_tier, job.dst_slots, job.block_hashes, self.codec_id)
+        return results
+
+
+def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
+    """Positions of the items in each tier, in order."""
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item.tier, []).append(i)
+    return groups
+
+
+def _take(blocks: KVBlocks, positions: list[int]) -> KVBlocks:
+    idx = torch.as_tensor(positions, device=blocks.k_packed.device)
+    return KVBlocks(*(getattr(blocks, n).index_select(1, idx) for n in SECTIONS))
