@@ -14,13 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import asdict, replace
 
 import torch
 import torch.nn.functional as F
 from _timing import bench_us, compiled_report, copy_bandwidth_gbs, describe_device, git_commit, graphed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tiercache.kernels import DecodeWorkspace, TurboQuantCodec, tq_decode_attention, tq_dequantize_blocks
+from tiercache.kernels import (
+    DecodeLaunchConfig,
+    DecodeWorkspace,
+    TurboQuantCodec,
+    tq_decode_attention,
+    tq_dequantize_blocks,
+)
 from tiercache.kernels import decode_attention as decode_module
 
 SHAPES = [(1, 4096), (1, 32768), (16, 4096), (16, 32768), (64, 8192)]
@@ -36,9 +43,11 @@ BEFORE = {"lut_kernel": False}  # the Triton perfield kernel (the default until 
 
 
 class Case:
-    """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA."""
+    """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA; ours runs under `config`."""
 
-    def __init__(self, batch, seq, k_bits, v_bits, k_codebook="lloyd", v_codebook="lloyd", dense=True):
+    def __init__(
+        self, batch, seq, k_bits, v_bits, k_codebook="lloyd", v_codebook="lloyd", dense=True, config=None
+    ):
         self.kc = TurboQuantCodec(D, k_bits, seed=1, codebook=k_codebook)
         self.vc = TurboQuantCodec(D, v_bits, seed=2, codebook=v_codebook)
         nb = batch * seq // BS
@@ -51,16 +60,21 @@ class Case:
         self.tables = torch.randperm(nb, device=dev, dtype=torch.int32).view(batch, seq // BS)
         self.lens = torch.full((batch,), seq, device=dev, dtype=torch.int32)
         self.tq_bytes = nb * BS * H * (self.kc.packed_dim + self.vc.packed_dim + 8) + self.tables.numel() * 4
-        self.ws = DecodeWorkspace.allocate(self.query, self.tables, BS, H)
+        self.use(DecodeLaunchConfig() if config is None else config)
         self.out = torch.empty_like(self.query)
         if dense:
             self.k = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
             self.v = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
             self.q4 = self.query.unsqueeze(2)
 
+    def use(self, config: DecodeLaunchConfig) -> None:
+        """Run ours under `config` from now on, with a workspace allocated for it."""
+        self.config = config
+        self.ws = DecodeWorkspace.allocate(self.query, self.tables, BS, H, config=config)
+
     def ours(self):
         args = (self.kp, self.kn, self.vp, self.vn, self.tables, self.lens, self.kc, self.vc)
-        return tq_decode_attention(self.query, *args, workspace=self.ws, out=self.out)
+        return tq_decode_attention(self.query, *args, workspace=self.ws, out=self.out, config=self.config)
 
     def sdpa(self):
         return F.scaled_dot_product_attention(self.q4, self.k, self.v, enable_gqa=True)
@@ -98,24 +112,24 @@ def check(case: Case) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def time_with(case: Case, config: dict) -> tuple[float, float]:
-    """(eager, graph) µs of ours under another launch configuration (restored afterwards)."""
-    saved = dict(decode_module.CONFIG)
-    decode_module.CONFIG.update(config)
+def time_with(case: Case, config: DecodeLaunchConfig) -> tuple[float, float]:
+    """(eager, graph) µs of ours under another launch configuration (the case's own restored afterwards)."""
+    own = case.config
+    case.use(config)
     try:
-        case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
         return bench_us(case.ours), bench_us(graphed(case.ours))
     finally:
-        decode_module.CONFIG.clear()
-        decode_module.CONFIG.update(saved)
-        case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
+        case.use(own)
 
 
-def run_preset(name: str, copy_gbs: float, results: list[dict], before: dict | None = None) -> None:
+def run_preset(
+    name: str, copy_gbs: float, results: list[dict], config: DecodeLaunchConfig,
+    before: DecodeLaunchConfig | None = None,
+) -> None:  # fmt: skip
     k_bits, v_bits, k_codebook, v_codebook = PRESETS[name]
     print(f"\n{name}: K{k_bits}V{v_bits}, {k_codebook} keys, {v_codebook} values")
     for batch, seq in SHAPES:
-        case = Case(batch, seq, k_bits, v_bits, k_codebook, v_codebook)
+        case = Case(batch, seq, k_bits, v_bits, k_codebook, v_codebook, config=config)
         if (batch, seq) == (16, 4096):
             print(f"  check vs f32 SDPA over the dequantized cache: rel err {check(case):.2e}")
         row = {"preset": name, "B": batch, "S": seq, "floor_us": case.tq_bytes / copy_gbs / 1e3}
@@ -143,49 +157,50 @@ SWEEP_VARIANTS = [  # launch shapes of the Gluon kernel
 ]
 
 
-def sweep_configs(variants: list[dict] | None = None) -> list[dict]:
-    """The configurations --sweep times: BEFORE, the current one, and each of `variants` (default: the
-    launch shapes in SWEEP_VARIANTS) applied to the current one."""
-    base = dict(decode_module.CONFIG)
+def sweep_configs(base: DecodeLaunchConfig, variants: list[dict] | None = None) -> list[dict]:
+    """The configurations --sweep times, as changes to `base`: BEFORE, then each of `variants` applied to
+    `base` (default: the launch shapes in SWEEP_VARIANTS, the first of which, {}, is `base` itself)."""
     variants = SWEEP_VARIANTS if variants is None else variants
-    return [BEFORE] + [{**base, **change} for change in variants]
+    return [BEFORE] + [{**asdict(base), **change} for change in variants]
 
 
-def sweep(copy_gbs: float, adopt: bool, variants: list[dict] | None = None) -> None:
-    """Launch-configuration sweep (CUDA-graph µs); with `adopt`, the tables use the best (geometric mean)."""
+def sweep(
+    copy_gbs: float, base: DecodeLaunchConfig, adopt: bool, variants: list[dict] | None = None
+) -> DecodeLaunchConfig:
+    """Launch-configuration sweep (CUDA-graph µs) around `base`; returns the configuration the tables use:
+    with `adopt` the best (geometric mean), else `base`."""
     shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 4096, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4)]
     shapes += [(1, 32768, 8, 4), (16, 32768, 8, 4)]
+    configs = [(changes, replace(base, **changes)) for changes in sweep_configs(base, variants)]  # all valid
     cases = {s: Case(*s, dense=False) for s in shapes}
-    base = dict(decode_module.CONFIG)
-    best, best_score = base, math.inf
+    best, best_score = (asdict(base), base), math.inf
     print("\nsweep (graph µs):", "  ".join(f"K{k}V{v} {b}x{s // 1024}K" for b, s, k, v in shapes))
-    for config in sweep_configs(variants):
-        decode_module.CONFIG.update(config)
+    for changes, config in configs:
         times = []
         for case in cases.values():
-            case.ws = DecodeWorkspace.allocate(case.query, case.tables, BS, H)
+            case.use(config)
             try:
                 times.append(bench_us(graphed(case.ours), rep_ms=50))
             except Exception as err:  # a config that does not compile or fit
                 times.append(math.inf)
                 print("   ", type(err).__name__, str(err)[:100])
         if math.prod(times) < best_score:
-            best, best_score = dict(config), math.prod(times)
+            best, best_score = (changes, config), math.prod(times)
         report = compiled_report(decode_module.LAST_COMPILED.get("split"))
-        print(f"  {config}: {' '.join(f'{t:8.1f}' for t in times)}  {report}", flush=True)
-    decode_module.CONFIG.clear()
-    decode_module.CONFIG.update(best if adopt else base)
-    print(f"  best (geometric mean): {best}; tables use {decode_module.CONFIG}")
+        print(f"  {changes}: {' '.join(f'{t:8.1f}' for t in times)}  {report}", flush=True)
+    chosen = best[1] if adopt else base
+    print(f"  best (geometric mean): {best[0]}; tables use {asdict(chosen)}")
     floors = [c.tq_bytes / copy_gbs / 1e3 for c in cases.values()]
     print("  floor:", " ".join(f"{f:8.1f}" for f in floors))
+    return chosen
 
 
-def breakdown() -> None:
+def breakdown(config: DecodeLaunchConfig) -> None:
     """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at (1, 4K), (1, 32K) and (16, 32K)."""
     from torch.profiler import ProfilerActivity, profile
 
     for shape in ((1, 4096), (1, 32768), (16, 32768)):
-        case = Case(*shape, 4, 4, dense=False)
+        case = Case(*shape, 4, 4, dense=False, config=config)
         case.ours()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -235,27 +250,28 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    if args.config:
-        decode_module.CONFIG.update(json.loads(args.config))
+    config = replace(DecodeLaunchConfig(), **json.loads(args.config)) if args.config else DecodeLaunchConfig()
     if args.profile:
         preset, batch, seq = args.profile.split(",")
-        case = Case(int(batch), int(seq), *PRESETS[preset], dense=False)
+        case = Case(int(batch), int(seq), *PRESETS[preset], dense=False, config=config)
         for _ in range(5):
             case.ours()
         torch.cuda.synchronize()
         return
     copy_gbs = copy_bandwidth_gbs()
-    print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {decode_module.CONFIG}")
+    print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {asdict(config)}")
     if args.sweep:
-        sweep(copy_gbs, args.adopt_best, json.loads(args.variants) if args.variants else None)
+        variants = json.loads(args.variants) if args.variants else None
+        config = sweep(copy_gbs, config, args.adopt_best, variants)
     if args.breakdown:
-        breakdown()
+        breakdown(config)
+    before = replace(config, **json.loads(args.before)) if args.before else None
     results: list[dict] = []
     for preset in filter(None, args.presets.split(",")):
-        run_preset(preset, copy_gbs, results, json.loads(args.before) if args.before else None)
+        run_preset(preset, copy_gbs, results, config, before)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_gbs": copy_gbs, "config": decode_module.CONFIG, "results": results}, f, indent=1)
+            json.dump({"copy_gbs": copy_gbs, "config": asdict(config), "results": results}, f, indent=1)
     print_tables(results, copy_gbs)
 
 

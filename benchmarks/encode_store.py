@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import asdict, replace
 
 import torch
 from _timing import bench_us, compiled_report, copy_bandwidth_gbs, describe_device, git_commit
 
-from tiercache.kernels import TurboQuantCodec, tq_dequantize_blocks, tq_encode_store
+from tiercache.kernels import (
+    DequantizeLaunchConfig,
+    EncodeLaunchConfig,
+    TurboQuantCodec,
+    tq_dequantize_blocks,
+    tq_encode_store,
+)
 from tiercache.kernels import dequantize as dequantize_module
 from tiercache.kernels import encode_store as encode_module
 
@@ -22,7 +29,7 @@ TOKENS, H, D, BS = 65536, 8, 128, 16
 PRESETS = {"k4v4": (4, 4), "k8v4": (8, 4)}
 
 
-def run(k_bits: int, v_bits: int) -> dict[str, float]:
+def run(k_bits: int, v_bits: int, encode: EncodeLaunchConfig, dequantize: DequantizeLaunchConfig) -> dict:
     kc, vc = TurboQuantCodec(D, k_bits, seed=1), TurboQuantCodec(D, v_bits, seed=2)
     nb = TOKENS // BS
     key = torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16)
@@ -31,7 +38,7 @@ def run(k_bits: int, v_bits: int) -> dict[str, float]:
     kp = torch.empty(nb, BS, H, kc.packed_dim, device="cuda", dtype=torch.uint8)
     vp = torch.empty(nb, BS, H, vc.packed_dim, device="cuda", dtype=torch.uint8)
     kn, vn = torch.empty(nb, BS, H, device="cuda"), torch.empty(nb, BS, H, device="cuda")
-    enc_us = bench_us(lambda: tq_encode_store(key, value, slots, kp, kn, vp, vn, kc, vc))
+    enc_us = bench_us(lambda: tq_encode_store(key, value, slots, kp, kn, vp, vn, kc, vc, config=encode))
     want_packed, _ = kc.encode(key[:4096])
     mismatch = (kp.view(-1, H, kc.packed_dim)[slots[:4096]] != want_packed).any(-1).float().mean().item()
     ids = torch.randperm(nb, device="cuda", dtype=torch.int32)
@@ -42,14 +49,15 @@ def run(k_bits: int, v_bits: int) -> dict[str, float]:
     }
     for dtype, tag in ((torch.bfloat16, "bf16"), (torch.float32, "f32")):
         out = torch.empty(nb, BS, H, D, device="cuda", dtype=dtype)
-        us = bench_us(lambda out=out: tq_dequantize_blocks(kp, kn, ids, kc, out))
+        us = bench_us(lambda out=out: tq_dequantize_blocks(kp, kn, ids, kc, out, config=dequantize))
         row[f"deq_{tag}_us"] = us
         row[f"deq_{tag}_tbs"] = out.numel() * out.element_size() / us / 1e6
     return row
 
 
-def sweep(adopt: bool) -> None:
-    """Launch-configuration sweep, K4V4 encode and bf16 dequantize (µs); prints, picks nothing."""
+def sweep(adopt: bool) -> tuple[EncodeLaunchConfig, DequantizeLaunchConfig]:
+    """Launch-configuration sweep, K4V4 encode and bf16 dequantize (µs); returns the configurations the
+    table uses: with `adopt` the best of each, else the defaults."""
     kc = TurboQuantCodec(D, 4, seed=1)
     nb = TOKENS // BS
     key = torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16)
@@ -58,36 +66,37 @@ def sweep(adopt: bool) -> None:
     kn = torch.empty(nb, BS, H, device="cuda")
     ids = torch.randperm(nb, device="cuda", dtype=torch.int32)
     out = torch.empty(nb, BS, H, D, device="cuda", dtype=torch.bfloat16)
-    for module, name, knobs, fn in (
-        (encode_module, "encode", ("block_tokens", (32, 64)),
-         lambda: tq_encode_store(key, key, slots, kp, kn, kp, kn, kc, kc)),
-        (dequantize_module, "dequantize", ("rows", (64, 128)),
-         lambda: tq_dequantize_blocks(kp, kn, ids, kc, out)),
+    chosen = []
+    for base, module, name, knobs, fn in (
+        (EncodeLaunchConfig(), encode_module, "encode", ("block_tokens", (32, 64)),
+         lambda config: tq_encode_store(key, key, slots, kp, kn, kp, kn, kc, kc, config=config)),
+        (DequantizeLaunchConfig(), dequantize_module, "dequantize", ("rows", (64, 128)),
+         lambda config: tq_dequantize_blocks(kp, kn, ids, kc, out, config=config)),
     ):  # fmt: skip
-        base, best = dict(module.CONFIG), (math.inf, None)
+        best, best_config = (math.inf, None), None
         for size in knobs[1]:
             for warps in (4, 8):
                 for stages in (1, 3):
                     for pps in (2, 4):
-                        config = {
+                        changes = {
                             knobs[0]: size,
                             "num_warps": warps,
                             "num_stages": stages,
                             "programs_per_sm": pps,
                         }
-                        module.CONFIG.update(config)
+                        config = replace(base, **changes)
                         try:
-                            us = bench_us(fn, rep_ms=50)
+                            us = bench_us(lambda fn=fn, config=config: fn(config), rep_ms=50)
                         except Exception as err:  # a config that does not compile or fit
-                            print(f"  {name} {config}: fail {type(err).__name__} {str(err)[:80]}")
+                            print(f"  {name} {changes}: fail {type(err).__name__} {str(err)[:80]}")
                             continue
                         if us < best[0]:
-                            best = (us, dict(module.CONFIG))
+                            best, best_config = (us, asdict(config)), config
                         report = compiled_report(module.LAST_COMPILED.get(name))
-                        print(f"  {name} {module.CONFIG}: {us:8.1f}  {report}")
-        module.CONFIG.clear()
-        module.CONFIG.update(best[1] if adopt and best[1] else base)
-        print(f"  {name}: best {best}; tables use {module.CONFIG}")
+                        print(f"  {name} {asdict(config)}: {us:8.1f}  {report}")
+        chosen.append(best_config if adopt and best_config else base)
+        print(f"  {name}: best {best}; tables use {asdict(chosen[-1])}")
+    return chosen[0], chosen[1]
 
 
 def main() -> None:
@@ -97,10 +106,9 @@ def main() -> None:
     parser.add_argument("--adopt-best", action="store_true", help="run the table with the sweep's best")
     args = parser.parse_args()
     torch.manual_seed(0)
-    if args.sweep:
-        sweep(args.adopt_best)
+    configs = sweep(args.adopt_best) if args.sweep else (EncodeLaunchConfig(), DequantizeLaunchConfig())
     copy = copy_bandwidth_gbs()
-    rows = {name: run(*PRESETS[name]) for name in args.bits.split(",")}
+    rows = {name: run(*PRESETS[name], *configs) for name in args.bits.split(",")}
     print(f"\n# encode_store / dequantize, {describe_device()}, commit {git_commit()}, copy {copy:.0f} GB/s")
     print(
         "preset | encode µs | encode TB/s (bf16 in) | deq bf16 µs | deq bf16 TB/s out"

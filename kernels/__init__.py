@@ -4,17 +4,23 @@ VRAM-tier format (one layer): packed [num_blocks, block_size, num_kv_heads, pack
 norms [num_blocks, block_size, num_kv_heads] float32; slot = block * block_size + offset.
 Kernels: tq_encode_store, tq_dequantize_blocks, tq_decode_attention (Triton on CUDA and under
 TRITON_INTERPRET=1, the PyTorch references in kernels/reference.py elsewhere); torch.library ops in .ops.
+Launch choices: EncodeLaunchConfig, DequantizeLaunchConfig, DecodeLaunchConfig (kernels/launch_config.py),
+passed to a launcher as config= (None: the defaults).
 """
 
 from .codec import SUPPORTED_HEAD_DIMS, TurboQuantCodec
 from .decode_attention import DecodeWorkspace, tq_decode_attention
 from .dequantize import tq_dequantize_blocks
 from .encode_store import tq_encode_store
+from .launch_config import DecodeLaunchConfig, DequantizeLaunchConfig, EncodeLaunchConfig
 from .packing import pack_indices, unpack_indices
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
+    "DecodeLaunchConfig",
     "DecodeWorkspace",
+    "DequantizeLaunchConfig",
+    "EncodeLaunchConfig",
     "TurboQuantCodec",
     "pack_indices",
     "tq_decode_attention",

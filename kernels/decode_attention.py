@@ -2,19 +2,23 @@
 
 Provides:
     tq_decode_attention(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-                        k_codec, v_codec, scale=None, *, workspace=None, out=None) -> [B, Hq, D]
-    DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)   preallocated split-K buffers
-    plan_num_splits(batch, num_kv_heads, max_tokens, device) -> int
+                        k_codec, v_codec, scale=None, *, workspace=None, out=None, config=None) -> [B, Hq, D]
+    DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads, *, config=None)   split-K buffers
+    plan_num_splits(batch, num_kv_heads, max_tokens, device, *, config=None) -> int
+config: a DecodeLaunchConfig (launch_config.py), None for the defaults; a workspace is allocated for the
+launch configuration of the calls it serves.
 
 Three launches (two with rotate_in_split), no host synchronisation: the query rotation, the split kernel
 (rotated-domain scoring, each K/V byte read once per kv head for all its query heads, online softmax over
 TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back).
 Split kernels: on CUDA with 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys and enough work
-(`lut_min_work`), the Gluon kernel _decode_lut_kernel, launched by decode_lut.py (mma.sync, lookups in shared
-memory; GPU only: its PTX text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs it).
-Shared launch pieces (CONFIG, split planning, rotation, merge) are in _decode_launch.py. Otherwise the Triton
-_decode_perfield_kernel (2/4/8-bit; 3-bit uses _decode_split_kernel), whose 4-bit lookup on the GPU is
-inline PTX (register permutes) that the interpreter replaces by a table gather (test_decode_tables.py).
+(config.lut_min_work), the Gluon kernel _decode_lut_kernel, launched by decode_lut.py (mma.sync, lookups in
+shared memory; GPU only: its PTX text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs
+it). Where its compile check fails, the Triton kernels serve that launch configuration on that kind of
+device from then on (decode_lut's compile-failure memo). Shared launch pieces (split planning, rotation,
+merge) are in _decode_launch.py. Otherwise the Triton _decode_perfield_kernel (2/4/8-bit; 3-bit uses
+_decode_split_kernel), whose 4-bit lookup on the GPU is inline PTX (register permutes) that the interpreter
+replaces by a table gather (test_decode_tables.py).
 With a workspace (and `out`) passed in, the call allocates nothing, so it can be captured in a CUDA graph.
 The number of splits depends only on shapes.
 Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference); bfloat16 /
@@ -25,7 +29,6 @@ below float16's 65504).
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -33,39 +36,42 @@ import torch
 
 from ._backend import HAVE_TRITON, interpreting, next_pow2, num_sms, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
-from ._decode_launch import (
-    CONFIG,
-    LAST_COMPILED,
-    LOG2E,
-    check_capacity,
-    merge,
-    plan_splits,
-    rotate_queries,
-    use_pdl,
-)
+from ._decode_launch import LAST_COMPILED, LOG2E, check_capacity, merge, plan_splits, rotate_queries, use_pdl
 from ._tables import UNIFORM8_ASM, kernel_tables
 from .codec import TurboQuantCodec
-from .decode_lut import LutUnsupported, launch_lut, lut_mode_of, lut_partials
+from .decode_lut import (
+    LutUnsupported,
+    launch_lut,
+    lut_compile_failed,
+    lut_mode_of,
+    lut_partials,
+    note_lut_compile_failure,
+)
+from .launch_config import DecodeLaunchConfig, resolve_config
 from .reference import decode_attention_reference
 
-_LOG = logging.getLogger(__name__)
 if HAVE_TRITON:
     from ._decode_kernel import _decode_split_kernel
     from ._decode_perfield_kernel import _decode_perfield_kernel
 
 
-def plan_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Splits per (sequence, kv head): the fewest that minimise the tile steps on the critical path.
+def plan_num_splits(
+    batch: int, num_kv_heads: int, max_tokens: int, device: torch.device, *,
+    config: DecodeLaunchConfig | None = None,
+) -> int:  # fmt: skip
+    """Splits per (sequence, kv head) of the Triton split kernels: the fewest that minimise the tile steps on
+    the critical path.
 
-    With `programs_per_sm` programs resident per SM, the grid runs in waves of that many programs per SM;
-    a program walks ceil(tiles / splits) tiles plus a fixed cost (`split_overhead_tiles`: prologue, partial
-    write, its share of the merge), so the time is ~ waves × (tiles per program + overhead). Plans that fill
-    less than `min_wave_fill` of one wave are skipped unless every tile already has its own program.
+    With config.programs_per_sm programs resident per SM, the grid runs in waves of that many programs per
+    SM; a program walks ceil(tiles / splits) tiles plus a fixed cost (config.split_overhead_tiles: prologue,
+    partial write, its share of the merge), so the time is ~ waves × (tiles per program + overhead). Plans
+    that fill less than config.min_wave_fill of one wave are skipped unless every tile has its own program.
     """
-    tiles = -(-max_tokens // CONFIG["tile"])
-    capacity = CONFIG["programs_per_sm"] * num_sms(device)
+    config = resolve_config(config, DecodeLaunchConfig)
+    tiles = -(-max_tokens // config.tile)
+    capacity = config.programs_per_sm * num_sms(device)
     return plan_splits(
-        batch * num_kv_heads, tiles, capacity, CONFIG["min_wave_fill"], CONFIG["split_overhead_tiles"]
+        batch * num_kv_heads, tiles, capacity, config.min_wave_fill, config.split_overhead_tiles
     )
 
 
@@ -85,13 +91,16 @@ class DecodeWorkspace:
 
     @classmethod
     def allocate(
-        cls, query: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int
-    ) -> DecodeWorkspace:
+        cls, query: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int,
+        *, config: DecodeLaunchConfig | None = None,
+    ) -> DecodeWorkspace:  # fmt: skip
+        """Room for the partials of any call of this shape under launch configuration `config`."""
+        config = resolve_config(config, DecodeLaunchConfig)
         batch, num_q_heads, head_dim = query.shape
         tokens = block_tables.shape[1] * block_size
         partials = max(
-            plan_num_splits(batch, num_kv_heads, tokens, query.device),
-            lut_partials(batch, num_kv_heads, tokens, query.device),
+            plan_num_splits(batch, num_kv_heads, tokens, query.device, config=config),
+            lut_partials(batch, num_kv_heads, tokens, query.device, config),
         )
         dev = query.device
         return cls(
@@ -117,8 +126,10 @@ def tq_decode_attention(
     *,
     workspace: DecodeWorkspace | None = None,
     out: torch.Tensor | None = None,
+    config: DecodeLaunchConfig | None = None,
 ) -> torch.Tensor:
     """Attention of one new query per sequence over its cached tokens → [B, Hq, D] in query's dtype."""
+    config = resolve_config(config, DecodeLaunchConfig)
     batch, num_q_heads, head_dim, num_kv_heads, block_size = _check(
         query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens, k_codec, v_codec
     )
@@ -133,23 +144,22 @@ def tq_decode_attention(
         )
         return out.copy_(ref)
     if workspace is None:
-        workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)
+        workspace = DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads, config=config)
     _check_workspace(workspace, query)
     group = num_q_heads // num_kv_heads
     max_tokens = block_tables.shape[1] * block_size
     lut_mode = 0
-    if batch * num_kv_heads * max_tokens >= CONFIG["lut_min_work"]:
-        lut_mode = lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size)
-    if lut_mode:
+    if batch * num_kv_heads * max_tokens >= config.lut_min_work:
+        lut_mode = lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config)
+    if lut_mode and not lut_compile_failed(query.device, config):
         try:
             return launch_lut(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-                               k_codec, v_codec, scale, workspace, out, lut_mode)  # fmt: skip
-        except LutUnsupported as err:  # this Triton compiles the kernel differently: use the Triton kernels
-            CONFIG["lut_kernel"] = False
-            _LOG.warning("decode: %s; falling back to the Triton kernels (CONFIG['lut_kernel'] = False)", err)
-    splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device)
+                               k_codec, v_codec, scale, workspace, out, lut_mode, config)  # fmt: skip
+        except LutUnsupported as err:  # this Triton compiles it differently: a compile failure, remembered
+            note_lut_compile_failure(query.device, config, err)
+    splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device, config=config)
     check_capacity(workspace, splits)
-    tile = CONFIG["tile"]
+    tile = config.tile
     tiles = -(-max_tokens // tile)
     split_tokens = tile * -(-tiles // splits)
     kt, vt = kernel_tables(k_codec, query.device), kernel_tables(v_codec, query.device)
@@ -160,12 +170,12 @@ def tq_decode_attention(
     gp = max(16, next_pow2(group))
     q = query if query.stride(-1) == 1 else query.contiguous()
     q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
-    layout = CONFIG["layout"]
+    layout = config.layout
     if layout == "perfield" and kt.bits in (2, 4, 8) and vt.bits in (2, 4, 8):
         _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                          kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp,
-                         ieee)  # fmt: skip
-        return merge(workspace, splits, vt.rot_perm, out)
+                         ieee, config)  # fmt: skip
+        return merge(workspace, splits, vt.rot_perm, out, config)
     if layout == "perfield":  # 3-bit K or V
         layout = "reshape"
     # "reshape": field-major tiles; "natural": natural order + byte LUTs
@@ -174,7 +184,7 @@ def tq_decode_attention(
         k_lut = v_lut = False
         ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
     rot_q = kt.rot_t_perm if fields else kt.rot_t
-    rotate_in_split = CONFIG["rotate_in_split"]
+    rotate_in_split = config.rotate_in_split
     if not rotate_in_split:
         rotate_queries(q, rot_q, q_rot, scale)
     LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
@@ -185,26 +195,26 @@ def tq_decode_attention(
         workspace.partial_out, workspace.partial_lse,
         num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
-        PREFETCH=CONFIG["prefetch"], FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
+        PREFETCH=config.prefetch, FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return merge(workspace, splits, vt.rot_perm if fields else vt.rot, out)
+    return merge(workspace, splits, vt.rot_perm if fields else vt.rot, out, config)
 
 
 def _launch_perfield(
     q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-    kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp, ieee,
+    kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp, ieee, config,
 ) -> None:  # fmt: skip
     """The split kernel with one dot per packed field (2/4/8-bit K and V); partials in field-major order."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_packed.shape[2]
-    k_lut, v_lut = _lut_mode(kt, ieee, keys=True), _lut_mode(vt, ieee, keys=False)
+    k_lut, v_lut = _lut_mode(kt, ieee, True, config.lut), _lut_mode(vt, ieee, False, config.lut)
     ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
     vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
-    rotate_in_split = CONFIG["rotate_in_split"] and not ieee  # bf16 tensor-core rotation in each split
-    pdl = use_pdl(q.device)
+    rotate_in_split = config.rotate_in_split and not ieee  # bf16 tensor-core rotation in each split
+    pdl = use_pdl(q.device, config)
     if not rotate_in_split:
         rot = kt.rot_t_perm if ieee else kt.rot_t_perm_bf16x3
         rotate_queries(q, rot, q_rot, scale, split16=not ieee, pdl=pdl)
@@ -215,12 +225,12 @@ def _launch_perfield(
         ktab, vtab, block_tables, *block_tables.stride(), context_lens,
         workspace.partial_out, workspace.partial_lse,
         num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
-        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=CONFIG["tile"], IEEE=ieee, UPCAST=interpreting(),
+        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=config.tile, IEEE=ieee, UPCAST=interpreting(),
         ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
         V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
         PDL=pdl, k_step=kt.uniform_step or 1.0,
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"], maxnreg=CONFIG["maxnreg"],
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.maxnreg,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
 
@@ -229,18 +239,18 @@ def _asm(tables, lut_mode: int) -> str:
     return UNIFORM8_ASM if lut_mode == 3 else tables.prmt_asm
 
 
-def _lut_mode(tables, ieee: bool, keys: bool) -> int:
-    """0: one codebook lookup per index; 1: one byte-LUT lookup per byte; 2: 4-bit byte-LUT entries from
-    prmt; 3 (keys): a symmetric uniform 8-bit codebook by arithmetic. Modes 2 and 3 are inline PTX, which
-    the interpreter cannot run (it takes mode 0 or 1, which compute the same centroids)."""
-    mode = CONFIG["lut"]
-    if ieee or mode == "none":
+def _lut_mode(tables, ieee: bool, keys: bool, lut: str) -> int:
+    """The perfield kernel's lookup mode under config.lut = `lut`: 0: one codebook lookup per index; 1: one
+    byte-LUT lookup per byte; 2: 4-bit byte-LUT entries from prmt; 3 (keys): a symmetric uniform 8-bit
+    codebook by arithmetic. Modes 2 and 3 are inline PTX, which the interpreter cannot run (it takes mode 0
+    or 1, which compute the same centroids)."""
+    if ieee or lut == "none":
         return 0
     if tables.bits == 8:
         return 3 if keys and tables.uniform_step is not None and not interpreting() else 0
     if tables.bits not in (2, 4):
         return 0
-    if mode == "prmt" and tables.bits == 4 and not interpreting():
+    if lut == "prmt" and tables.bits == 4 and not interpreting():
         return 2
     return 1
 
@@ -282,5 +292,5 @@ def _check_workspace(workspace: DecodeWorkspace, query: torch.Tensor) -> None:
     ):
         raise ValueError(
             "workspace does not fit this call: allocate it with "
-            "DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads)"
+            "DecodeWorkspace.allocate(query, block_tables, block_size, num_kv_heads, config=config)"
         )

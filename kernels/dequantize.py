@@ -1,7 +1,8 @@
 """Public launcher: dequantize listed TurboQuant blocks into a float cache (the connector's load path).
 
 Provides:
-    tq_dequantize_blocks(packed, norms, block_ids, codec, out) -> out
+    tq_dequantize_blocks(packed, norms, block_ids, codec, out, *, config=None) -> out
+config: a DequantizeLaunchConfig (launch_config.py), None for the defaults.
 
 Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere. A float32 `out`
 is computed with split-TF32 (tf32x3) products (≤ 1e-6 relative to the codec); a 16-bit `out` with
@@ -16,11 +17,10 @@ from ._backend import HAVE_TRITON, num_sms, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
 from ._tables import kernel_tables
 from .codec import TurboQuantCodec
+from .launch_config import DequantizeLaunchConfig, resolve_config
 from .reference import dequantize_blocks_reference
 
-# Launch configuration (benchmarks/encode_store.py sweeps it).
 LAST_COMPILED: dict = {}  # the last compiled kernel (register and spill report in the benchmark)
-CONFIG = {"rows": 64, "programs_per_sm": 4, "num_warps": 4, "num_stages": 3}
 
 if HAVE_TRITON:
     from ._dequantize_kernel import _dequantize_kernel
@@ -32,8 +32,11 @@ def tq_dequantize_blocks(
     block_ids: torch.Tensor,  # [N] int
     codec: TurboQuantCodec,
     out: torch.Tensor,  # [N, BS, H, D] float16/bfloat16/float32
+    *,
+    config: DequantizeLaunchConfig | None = None,
 ) -> torch.Tensor:
     """out[i] = decode(packed[block_ids[i]], norms[block_ids[i]]) for every i; returns out."""
+    config = resolve_config(config, DequantizeLaunchConfig)
     check_float("out", out, 4)
     head_dim = out.shape[-1]
     check_codec("codec", codec, head_dim)
@@ -51,9 +54,9 @@ def tq_dequantize_blocks(
     ieee = out.dtype == torch.float32
     codebook, rot = (t.codebook, t.rot_perm) if ieee else (t.codebook_f16, t.rot_perm_f16)
     block_size, num_heads = packed.shape[1], packed.shape[2]
-    rows = CONFIG["rows"]
+    rows = config.rows
     items = block_ids.shape[0] * -(-block_size * num_heads // rows)
-    grid = (max(1, min(items, CONFIG["programs_per_sm"] * num_sms(packed.device))),)
+    grid = (max(1, min(items, config.programs_per_sm * num_sms(packed.device))),)
     LAST_COMPILED["dequantize"] = _dequantize_kernel[grid](
         packed, *packed.stride(), norms, *norms.stride(),
         block_ids, block_ids.shape[0], num_heads,
@@ -61,6 +64,6 @@ def tq_dequantize_blocks(
         out, *out.stride(),
         BLOCK_SIZE=block_size, D=head_dim, ROWS=rows, IEEE=ieee,
         BITS=t.bits, PG=t.per_group, BPG=t.bytes_per_group, NG=t.num_groups,
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out

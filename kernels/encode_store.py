@@ -1,7 +1,9 @@
 """Public launcher: fused TurboQuant encode + store of new keys and values into the VRAM tier.
 
 Provides:
-    tq_encode_store(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec)
+    tq_encode_store(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec, *,
+                    config=None)
+config: an EncodeLaunchConfig (launch_config.py), None for the defaults.
 
 Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere.
 """
@@ -14,11 +16,10 @@ from ._backend import HAVE_TRITON, interpreting, num_sms, use_triton
 from ._checks import check_cache, check_codec, check_float, check_index, check_same_device, triton_layout_ok
 from ._tables import kernel_tables
 from .codec import TurboQuantCodec
+from .launch_config import EncodeLaunchConfig, resolve_config
 from .reference import encode_store_reference
 
-# Launch configuration (benchmarks/encode_store.py sweeps it).
 LAST_COMPILED: dict = {}  # the last compiled kernel (register and spill report in the benchmark)
-CONFIG = {"block_tokens": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 1}
 
 if HAVE_TRITON:
     from ._encode_store_kernel import _encode_store_kernel
@@ -34,8 +35,11 @@ def tq_encode_store(
     v_norms: torch.Tensor,  # [NB, BS, H] f32
     k_codec: TurboQuantCodec,
     v_codec: TurboQuantCodec,
+    *,
+    config: EncodeLaunchConfig | None = None,
 ) -> None:
     """Encode key/value with their codecs and write each token into its slot, in place."""
+    config = resolve_config(config, EncodeLaunchConfig)
     check_float("key", key, 3)
     check_float("value", value, 3)
     if key.shape != value.shape or key.dtype != value.dtype:
@@ -62,9 +66,9 @@ def tq_encode_store(
     kt, vt = kernel_tables(k_codec, key.device), kernel_tables(v_codec, key.device)
     k_rot, v_rot = _rotation_pieces(kt, key.dtype), _rotation_pieces(vt, key.dtype)
     pieces = k_rot.shape[0]
-    bt = CONFIG["block_tokens"]
+    bt = config.block_tokens
     items = -(-num_tokens // bt) * num_heads
-    grid = (max(1, min(items, CONFIG["programs_per_sm"] * num_sms(key.device))), 2)
+    grid = (max(1, min(items, config.programs_per_sm * num_sms(key.device))), 2)
     LAST_COMPILED["encode"] = _encode_store_kernel[grid](
         key, *key.stride(), value, *value.stride(),
         slot_mapping, num_tokens, num_heads,
@@ -76,7 +80,7 @@ def tq_encode_store(
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
         UPCAST=interpreting(),
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
 

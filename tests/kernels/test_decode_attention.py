@@ -1,10 +1,13 @@
 """tq_decode_attention against softmax attention in float64 over the dequantized cache."""
 
+import logging
+from dataclasses import replace
+
 import pytest
 import torch
 from kernel_cases import BIT_PAIRS, codec, random_block_tables, random_cache, rel_err
 
-from tiercache.kernels import DecodeWorkspace, tq_decode_attention
+from tiercache.kernels import DecodeLaunchConfig, DecodeWorkspace, decode_lut, tq_decode_attention
 from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.reference import decode_attention_reference
 
@@ -78,13 +81,12 @@ def test_decode_rejects_bad_gqa():
     ],
 )
 @pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4), (4, 2)])
-def test_decode_launch_variants(monkeypatch, config, k_bits, v_bits):
+def test_decode_launch_variants(config, k_bits, v_bits):
     """Every tile layout the launcher can select computes the same attention (f32 and bf16)."""
-    for key, value in config.items():
-        monkeypatch.setitem(decode_module.CONFIG, key, value)
+    launch = replace(DecodeLaunchConfig(), **config)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         args = make_case(k_bits, v_bits, 64, 16, 4, dtype, seed=21, lens=[1, 17, 70])
-        out = tq_decode_attention(*args)
+        out = tq_decode_attention(*args, config=launch)
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= tol
 
@@ -113,3 +115,31 @@ def test_decode_uniform_codebooks(codebooks, dtype, tol):
     out = tq_decode_attention(*args)
     ref = decode_attention_reference(query.double(), *args[1:], compute_dtype=torch.float64)
     assert rel_err(out, ref) <= tol
+
+
+def test_gluon_compile_failure_is_remembered_for_its_config(monkeypatch, caplog):
+    """A launch configuration whose Gluon kernel fails its compile check falls back to the Triton kernels
+    with the same result, one warning, and no second try on this device; a configuration with another
+    compiled form still tries it, one that differs only in fields its compile does not depend on does not."""
+    tries = []
+
+    def failing_launch(*args):
+        tries.append(args[-1])
+        raise decode_lut.LutUnsupported("_decode_lut_kernel compiled to 1 bytes of shared memory (test)")
+
+    monkeypatch.setattr(decode_module, "lut_mode_of", lambda *args: 4)  # the Gluon kernel applies
+    monkeypatch.setattr(decode_module, "launch_lut", failing_launch)
+    monkeypatch.setattr(decode_lut, "_FAILED_COMPILES", {})
+    args = make_case(4, 4, 64, 16, 4, torch.bfloat16, seed=8, lens=[1, 17, 70])
+    ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+    failing = DecodeLaunchConfig(lut_min_work=0)
+    with caplog.at_level(logging.WARNING, logger=decode_lut.__name__):
+        for config in (failing, failing, replace(failing, lut_min_work=1, tile=32)):
+            assert rel_err(tq_decode_attention(*args, config=config), ref) <= 2e-2
+    assert tries == [failing]
+    assert len(caplog.records) == 1 and "lut_tile=16" in caplog.records[0].getMessage()
+    assert decode_lut.lut_compile_failed(args[0].device, failing)
+    other = replace(failing, lut_tile=32)
+    assert not decode_lut.lut_compile_failed(args[0].device, other)
+    tq_decode_attention(*args, config=other)
+    assert tries == [failing, other]

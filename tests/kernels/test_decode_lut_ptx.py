@@ -10,7 +10,7 @@ import torch
 from kernel_cases import codec
 from ptx_emulation import run_ptx
 
-from tiercache.kernels import decode_lut
+from tiercache.kernels import DecodeLaunchConfig, decode_lut
 from tiercache.kernels._tables import UNIFORM8_ASM, decode_lut_table, f16_byte_lut, f16_pair_lut
 
 if not decode_lut.HAVE_GLUON:
@@ -218,12 +218,12 @@ PDL_CASES = {(256, 264, 8): True, (264, 264, 1): True, (256, 264, 9): False, (26
              (1024, 264, 128): False}  # fmt: skip
 
 
-def test_dependent_launch_setting(monkeypatch):
+def test_dependent_launch_setting():
     """`lut_pdl_max_steps`: the kernel is launched dependent on the query rotation where no program takes a
     second item and items walk at most that many tile steps; 0: never; None: always."""
     for limit in (8, 0, None):
-        monkeypatch.setitem(decode_lut.CONFIG, "lut_pdl_max_steps", limit)
-        got = {case: decode_lut.lut_pdl(*case) for case in PDL_CASES}
+        config = DecodeLaunchConfig(lut_pdl_max_steps=limit)
+        got = {case: decode_lut.lut_pdl(*case, config) for case in PDL_CASES}
         assert got == {case: want if limit == 8 else limit is None for case, want in PDL_CASES.items()}
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_cases import codec, random_cache, rel_err
 
-from tiercache.kernels import tq_dequantize_blocks
+from tiercache.kernels import DequantizeLaunchConfig, tq_dequantize_blocks
 
 CASES = [(b, d, bs, torch.float32) for b in (2, 3, 4, 8) for d, bs in ((64, 32), (128, 16))]
 CASES += [(b, 128, 32, dt) for b in (4, 8) for dt in (torch.bfloat16, torch.float16)]
@@ -21,6 +21,23 @@ def test_dequantize_matches_codec(bits, head_dim, block_size, dtype):
     tq_dequantize_blocks(packed, norms, ids, c, out)
     ref = c.decode(packed[ids.long()], norms[ids.long()], torch.float64)
     assert rel_err(out, ref) <= (1e-6 if dtype == torch.float32 else 8e-3)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [  # other launch choices than the defaults: smaller and larger row tiles, one program per SM
+        DequantizeLaunchConfig(rows=16, programs_per_sm=1, num_warps=2, num_stages=1),
+        DequantizeLaunchConfig(rows=128, programs_per_sm=2),
+    ],
+)
+def test_dequantize_launch_configs(config):
+    """The launch configuration changes how the work is cut, not the output."""
+    c = codec(128, 4, 3)
+    packed, norms = random_cache(9, 16, 3, c, torch.Generator().manual_seed(5))
+    ids = torch.tensor([7, 2, 2, 5, 0], dtype=torch.int32)
+    out = torch.full((5, 16, 3, 128), float("nan"))
+    tq_dequantize_blocks(packed, norms, ids, c, out, config=config)
+    assert rel_err(out, c.decode(packed[ids.long()], norms[ids.long()], torch.float64)) <= 1e-6
 
 
 def test_dequantize_checks_out_shape():

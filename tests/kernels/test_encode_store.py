@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_cases import BIT_PAIRS, POISON_BYTE, codec, near_boundary
 
-from tiercache.kernels import tq_encode_store
+from tiercache.kernels import EncodeLaunchConfig, tq_encode_store
 from tiercache.kernels.packing import unpack_indices
 
 CASES = [(kb, vb, d, 16, torch.bfloat16) for kb, vb in BIT_PAIRS for d in (64, 128)]
@@ -67,6 +67,30 @@ def test_encode_store_bf16_extreme_scales(k_bits, v_bits):
         torch.full((2, 16, 1), float("nan")),
     ]
     tq_encode_store(key, value, slots, *caches, kc, vc)
+    check_stored(key, slots, caches[0], caches[1], kc, 16)
+    check_stored(value, slots, caches[2], caches[3], vc, 16)
+
+
+LAUNCH_CONFIGS = [  # other launch choices than the defaults: smaller and larger token tiles, fewer programs
+    EncodeLaunchConfig(block_tokens=16, programs_per_sm=1, num_warps=2),
+    EncodeLaunchConfig(block_tokens=128, programs_per_sm=3, num_stages=2),
+]
+
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS)
+def test_encode_store_launch_configs(config):
+    """The launch configuration changes how the work is cut, not what is stored."""
+    gen = torch.Generator().manual_seed(17)
+    kc, vc = codec(64, 4, 1), codec(64, 8, 2)
+    key, value = torch.randn(2, 45, 2, 64, generator=gen).to(torch.bfloat16)
+    slots = torch.randperm(6 * 16, generator=gen)[:45]
+    caches = [
+        torch.full((6, 16, 2, kc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((6, 16, 2), float("nan")),
+        torch.full((6, 16, 2, vc.packed_dim), POISON_BYTE, dtype=torch.uint8),
+        torch.full((6, 16, 2), float("nan")),
+    ]
+    tq_encode_store(key, value, slots, *caches, kc, vc, config=config)
     check_stored(key, slots, caches[0], caches[1], kc, 16)
     check_stored(value, slots, caches[2], caches[3], vc, 16)
 

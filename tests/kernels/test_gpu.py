@@ -1,10 +1,13 @@
 """GPU checks at realistic sizes (skipped without CUDA): the references, plus CUDA-graph capture/replay."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kernel_cases import BIT_PAIRS, codec, near_boundary, random_block_tables, random_cache, rel_err
 
 from tiercache.kernels import (
+    DecodeLaunchConfig,
     DecodeWorkspace,
     TurboQuantCodec,
     decode_lut,
@@ -75,15 +78,14 @@ LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shap
 
 @pytest.mark.parametrize("config", LAYOUTS)
 @pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
-def test_decode_gpu_layouts(monkeypatch, config, k_bits, v_bits):
+def test_decode_gpu_layouts(config, k_bits, v_bits):
     """Every tile layout (the inline-PTX lookup included, which the interpreter cannot run) on the GPU."""
-    for key, value in config.items():
-        monkeypatch.setitem(decode_module.CONFIG, key, value)
+    launch = replace(DecodeLaunchConfig(), **config)
     for head_dim, group in ((128, 4), (64, 8)):
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
             args = decode_case(k_bits, v_bits, head_dim, 16, group, dtype, [1, 17, 333, 4099], seed=k_bits)
             out = torch.full_like(args[0], float("nan"))
-            tq_decode_attention(*args, out=out)
+            tq_decode_attention(*args, out=out, config=launch)
             ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
             assert rel_err(out, ref) <= tol, (head_dim, dtype)
 
@@ -144,29 +146,29 @@ LUT_KEYS = {(4, "lloyd"): 4, (8, "lloyd"): 8, (8, "uniform"): 9}  # key (bits, c
 @pytest.mark.parametrize("config", LUT_CONFIGS)
 @pytest.mark.parametrize("key", list(LUT_KEYS))
 @pytest.mark.parametrize("block_size,group", [(16, 4), (32, 1), (16, 8)])
-def test_decode_gpu_gluon_kernel(monkeypatch, config, key, block_size, group):
+def test_decode_gpu_gluon_kernel(config, key, block_size, group):
     """The Gluon kernel against the float64 reference; the call must really take it (key mode checked)."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    for name, value in config.items():
-        monkeypatch.setitem(decode_module.CONFIG, name, value)
+    launch = replace(DecodeLaunchConfig(), **config)
     for dtype in (torch.bfloat16, torch.float16):
         args = lut_case(key, block_size, group, dtype, [1, 17, 333, 4099, 64], seed=block_size + group)
-        mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size)
+        mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size, launch)
         assert mode == LUT_KEYS[key]
         out = torch.full_like(args[0], float("nan"))
-        tq_decode_attention(*args, out=out)
+        tq_decode_attention(*args, out=out, config=launch)
+        assert not decode_lut.lut_compile_failed(args[0].device, launch)  # it did not fall back
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= 1e-2, dtype
 
 
-def test_decode_gpu_unaligned_cache_declines_gluon(monkeypatch):
+def test_decode_gpu_unaligned_cache_declines_gluon():
     """Caches the Gluon kernel cannot copy in 16-byte pieces take the Triton kernel, with the same result."""
-    monkeypatch.setitem(decode_module.CONFIG, "lut_min_work", 0)
+    launch = DecodeLaunchConfig(lut_min_work=0)
     args = lut_case((4, "lloyd"), 16, 4, torch.bfloat16, [1, 17, 333, 4099], seed=3, offset=4)
-    assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16) == 0
+    assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch) == 0
     out = torch.full_like(args[0], float("nan"))
-    tq_decode_attention(*args, out=out)
+    tq_decode_attention(*args, out=out, config=launch)
     ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
     assert rel_err(out, ref) <= 1e-2
 
@@ -176,28 +178,27 @@ def test_decode_gpu_unaligned_cache_declines_gluon(monkeypatch):
     {"lut_kernel": True, "lut_min_work": 0, "lut_combine_max_steps": 1 << 30, "lut_pdl_max_steps": None},
     {"lut_kernel": True, "lut_min_work": 0, "lut_pdl_max_steps": 0},
 ])  # fmt: skip
-def test_decode_cuda_graph_capture_and_replay(monkeypatch, config):
-    for key, value in config.items():
-        monkeypatch.setitem(decode_module.CONFIG, key, value)
+def test_decode_cuda_graph_capture_and_replay(config):
+    launch = replace(DecodeLaunchConfig(), **config)
     longest = [900, 64, 3000]
     if config.get("lut_kernel"):
         args = lut_case((8, "lloyd"), 16, 4, torch.bfloat16, longest, seed=9)
-        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16) == 8
+        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch) == 8
     else:
         args = decode_case(8, 4, 128, 16, 4, torch.bfloat16, longest, seed=9)
     query = args[0]
-    ws = DecodeWorkspace.allocate(query, args[5], 16, 8)
+    ws = DecodeWorkspace.allocate(query, args[5], 16, 8, config=launch)
     out = torch.empty_like(query)
-    tq_decode_attention(*args, workspace=ws, out=out)  # compile outside the capture
+    tq_decode_attention(*args, workspace=ws, out=out, config=launch)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tq_decode_attention(*args, workspace=ws, out=out)
+        tq_decode_attention(*args, workspace=ws, out=out, config=launch)
     for _ in range(2):
         query.copy_(torch.randn_like(query))
         args[6].copy_(torch.tensor([int(torch.randint(1, n + 1, ())) for n in longest], dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
-        want = tq_decode_attention(*args)
+        want = tq_decode_attention(*args, config=launch)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
@@ -238,7 +239,8 @@ def test_decode_gpu_uniform_codebooks(codebooks, head_dim, block_size, group):
     gen = torch.Generator().manual_seed(group)
     kc = TurboQuantCodec(head_dim, k_bits, seed=1, codebook=k_book)
     vc = TurboQuantCodec(head_dim, v_bits, seed=2, codebook=v_book)
-    assert (decode_module._lut_mode(kernel_tables(kc, DEV), False, keys=True) == 3) == (k_book == "uniform")
+    lut = DecodeLaunchConfig().lut
+    assert (decode_module._lut_mode(kernel_tables(kc, DEV), False, True, lut) == 3) == (k_book == "uniform")
     lens = [1, 17, 333, 4099]
     num_blocks = sum(-(-n // block_size) for n in lens) + 16
     kp, kn = random_cache(num_blocks, block_size, 8, kc, gen, DEV)
