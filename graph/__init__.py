@@ -1,11 +1,14 @@
 """Block-relationship graph, background eviction advisor and policy replay, importable as tiercache.graph.
 
-- `KVCacheGraph` (kvgraph.py): blocks and their five edge types, fed by the manager's notifications.
+- `KVCacheGraph` (kvgraph.py): blocks and their five edge types, fed by the manager's notifications; its
+  per-block counters and their update rules are the scoring core (`BlockCounters`, counters.py), which the
+  replay's graph policy drives too. It keeps no recency order: the tier manager owns the one order.
 - `GraphEvictionAdvisor`, `Snapshot` (advisor.py): background ranking, lock-free hot-path reads.
 - `EvictionDecision` (events.py): one eviction as data.
 - `ScoreWeights`, `ScoreComponents`, `SOURCES` (scoring.py): the documented score formula.
 - `ReuseStats` (reuse.py): each block class's reuse probability, learned online (a term of the score).
-- `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace (simulators.py, graph_cache.py).
+- `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace (simulators.py, graph_cache.py:
+  the graph policy on a one-tier KVCacheGraph; LRU on `tiercache.scheduler.recency.RecencyOrder`).
 """
 
 from tiercache.graph.advisor import GraphEvictionAdvisor, Snapshot

@@ -6,7 +6,8 @@ Provides `GraphEvictionAdvisor` and `Snapshot`. Typical use by the tier manager:
     advisor = GraphEvictionAdvisor(graph, interval_s=0.1, max_stale_s=1.0)
     advisor.start()                                 # or `with advisor:`; advisor.stop() joins the thread
     graph.on_store(h, parent_hash=p, request_id=r, tier="vram", token_span=(0, 16), source="system")
-    decisions = advisor.choose_victims(4, "vram")   # list[EvictionDecision]; the manager acts and records
+    decisions = advisor.choose_victims(4, "vram", candidates_lru_order=lru)  # lru: the manager's recency
+                                                    # order, LRU first; list[EvictionDecision] to act on
     advisor.suggest_eviction(4, "vram")             # just the hashes
     advisor.suggest_prefetch(active_hashes, 8)      # blocks in slower tiers related to the active ones
     advisor.explain(h)                              # ScoreComponents of one block, now
@@ -16,7 +17,8 @@ One cycle (`refresh()`): copy the counters and the learned reuse probabilities u
 each tier (no cached child in that tier or a faster one) and sort them, lowest priority first. The result
 is an immutable `Snapshot` published by one reference assignment. Readers take the reference and walk its
 tuples: no lock, no per-call scoring. A snapshot older than `max_stale_s` (or none yet) is not trusted:
-`choose_victims` falls back to LRU (leaves first still) and each decision says so.
+`choose_victims` falls back to LRU (leaves first still; the order the tier manager passes, or without one
+the graph's `lru_fallback_order`) and each decision says so.
 """
 
 from __future__ import annotations
@@ -169,13 +171,13 @@ class GraphEvictionAdvisor:
         """Decisions for up to n evictions from `tier` (to the next slower tier, or dropped from the last).
         Uses the snapshot when it is at most `max_stale_s` old; otherwise — or for the rest when the
         snapshot ranks fewer than n evictable blocks (blocks stored since it was taken) — LRU order
-        (`candidates_lru_order` if given, else the graph's own), evictable blocks only, and each decision
-        records which policy it came from and why."""
+        (`candidates_lru_order`: the tier manager's own; without it, standalone, the graph's
+        `lru_fallback_order(tier)`), evictable blocks only, and each decision records which policy it came
+        from and why."""
         tiers = self.graph.tiers
         t = self.graph.tier_index(tier)
         tier_to = tiers[t + 1] if t + 1 < len(tiers) else None
         age = self.snapshot_age()
-        lru = self.graph.lru_order(tier) if candidates_lru_order is None else candidates_lru_order
         picks: list[tuple[Hashable, str, str]] = []
         if age is not None and age <= self.max_stale_s:
             why = f"lowest priority leaf in {tier} (snapshot v{self._snapshot.version})"
@@ -187,6 +189,9 @@ class GraphEvictionAdvisor:
             fallback = f"snapshot {age:.3f}s old > max_stale {self.max_stale_s}s"
         if len(picks) < n:  # stale, missing or exhausted snapshot: LRU, leaves first still
             taken = {h for h, _, _ in picks}
+            lru = candidates_lru_order
+            if lru is None:  # standalone: no tier manager's order, so the graph's, sorted from its counters
+                lru = self.graph.lru_fallback_order(tier)
             why = f"least recently used leaf in {tier}; {fallback}"
             more = self._lru_victims(n - len(picks), tier, (h for h in lru if h not in taken))
             picks += [(h, "lru-fallback", why) for h in more]

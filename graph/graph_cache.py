@@ -1,14 +1,20 @@
 """The graph policy as a prefix-cache simulator for `replay` (the protocol is in `simulators`).
 
-Provides `GraphCache(capacity_blocks, weights)` with `process(blocks, sources) -> hit_blocks` and the
-counters `evictions`, `size`, `reuse` (the learned `ReuseStats`).
+Provides `GraphCache(capacity_blocks, weights)` with `process(blocks, sources) -> hit_blocks`, the counters
+`evictions`, `size`, and `graph` (the one-tier `KVCacheGraph` it drives) with its `reuse` (`ReuseStats`).
 
-It keeps the same counters as `KVCacheGraph` and updates them in the same order, so the block it evicts is
-the one `GraphEvictionAdvisor` ranks first on the same history (tests/graph/test_graph_live_vs_replay.py).
-Candidates are leaves only. Each reuse class has a heap of its leaves keyed by their priority without the
-reuse term, which is the same for the whole class; an eviction compares the heads of the classes with the
-reuse term of the moment added, so learning a new reuse probability never reorders a heap. A class's head
-and rank are cached until its heap, its counters or the request (the pinned blocks) change.
+Every per-block counter (hits, chain_hits, branches, run, reuse class, lifetimes and ghosts, leaf status)
+is the graph's: each request notifies `on_hit` / `on_store` / `on_remove` under a request id of its own,
+exactly as the tier manager does, so the block this simulator evicts is the one `GraphEvictionAdvisor`
+ranks first on the same history (tests/graph/test_graph_live_vs_replay.py). What it keeps on top is the
+victim index, which makes an eviction O(log N) instead of a full ranking: each reuse class has a heap of
+its leaves keyed by their priority without the reuse term (`scoring.priority` with `reuse_p` = 1 and the
+capacity as horizon: the cache is full whenever it evicts), which is the same for the whole class; an
+eviction compares the heads of the classes with the reuse term of the moment added
+(`scoring.reuse_terms`), so learning a new reuse probability never reorders a heap. A heap entry is
+current while the block's `seq` (its last access) is the one it was pushed with and the block is a leaf;
+a class's head and rank are cached until its heap, its reuse counters or the request (the pinned blocks)
+change.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from tiercache.graph import scoring
-from tiercache.graph.reuse import N_CLASSES, ReuseStats, reuse_class
-from tiercache.graph.scoring import ScoreWeights
+from tiercache.graph.kvgraph import KVCacheGraph
+from tiercache.graph.reuse import N_CLASSES, ReuseStats
+from tiercache.graph.scoring import SOURCES, ScoreWeights
+
+TIER = "cache"
 
 
 class GraphCache:
@@ -28,109 +37,70 @@ class GraphCache:
 
     def __init__(self, capacity_blocks: int, weights: ScoreWeights | None = None) -> None:
         self.capacity = capacity_blocks
-        self.weights = weights or ScoreWeights()
-        self.reuse = ReuseStats(self.weights.reuse_window)
+        self.graph = KVCacheGraph(tiers=(TIER,), weights=weights)
+        self.weights = self.graph.weights
         self.evictions = 0
-        self.tick = 0
-        self._parent: dict[Hashable, Hashable | None] = {}
-        self._children: dict[Hashable, int] = {}
-        self._hits: dict[Hashable, int] = {}
-        self._chain: dict[Hashable, float] = {}
-        self._branches: dict[Hashable, int] = {}
-        self._branches_hit: dict[Hashable, int] = {}
-        self._source: dict[Hashable, int] = {}
-        self._run: dict[Hashable, int] = {}
-        self._class: dict[Hashable, int] = {}
-        self._key: dict[Hashable, float] = {}  # priority without the reuse term
-        self._seq: dict[Hashable, int] = {}
+        self._requests = 0  # request ids: every request of a replay is a new one
         self._heaps: list[list[tuple[float, int, Hashable]]] = [[] for _ in range(N_CLASSES)]
-        self._counter = 0
-        self._rank: dict[int, tuple[float, int, Hashable]] = {}  # class → (priority, seq, block) of its head
+        self._rank: dict[int, tuple[float, int, Hashable, int]] = {}  # class → (priority, seq, block, class)
         self._dirty: set[int] = set()  # classes whose cached head may be out of date
         self._halvings = 0
 
     @property
     def size(self) -> int:
-        return len(self._parent)
+        return len(self.graph)
+
+    @property
+    def reuse(self) -> ReuseStats:
+        return self.graph.reuse
 
     def __contains__(self, block: Hashable) -> bool:
-        return block in self._parent
+        return block in self.graph
 
     def process(self, blocks: Sequence[Hashable], sources: Sequence[int]) -> int:
+        """One request, a new one (the protocol is in `simulators`); returns its hit length in blocks."""
+        g = self.graph
         blocks = blocks[: self.capacity]
         hit = 0
-        while hit < len(blocks) and blocks[hit] in self._parent:
+        while hit < len(blocks) and blocks[hit] in g:
             hit += 1
+        self._requests += 1
+        request = self._requests
         for b in blocks:
-            if b in self._parent:  # a hit by a new request (every request of a replay is new)
-                self.reuse.reused(self._class[b])
-                self._hits[b] += 1
-                parent = self._parent[b]
-                if self._hits[b] == 1 and parent is not None:
-                    self._branches_hit[parent] = self._branches_hit.get(parent, 0) + 1
-                self._chain[b] = max(self._chain[b], self._hits[b], self._inherited(parent))
-                self._start_lifetime(b)
+            if b in g:
+                g.on_hit(b, request)
+                self._indexed(b)
         pinned = set(blocks)
         self._dirty = set(range(N_CLASSES))  # the pinned blocks changed
         for i, b in enumerate(blocks):
-            if b in self._parent:
+            if b in g:
                 continue
-            while len(self._parent) >= self.capacity:
+            while len(g) >= self.capacity:
                 self._evict_one(pinned)
-            self._insert(b, blocks[i - 1] if i else None, sources[i])
+            ghost = g.reuse.ghosts.get(b)
+            if ghost is not None:  # its return is credited to the class it was evicted in
+                self._dirty.add(ghost)
+            g.on_store(b, blocks[i - 1] if i else None, request, tier=TIER, source=SOURCES[sources[i]])
+            self._indexed(b)  # its parent (in this request: pinned) is no leaf now; the heap drops it lazily
         return hit
 
-    def _inherited(self, parent: Hashable | None) -> float:
-        if parent is None:
-            return 0.0
-        if self._children[parent] > 1 or self.weights.is_protected(self._source[parent]):
-            n = self._branches.get(parent, 0)
-            return self._branches_hit.get(parent, 0) / n if n else 0.0
-        return self._chain[parent]
-
-    def _insert(self, b: Hashable, parent: Hashable | None, source: int) -> None:
-        if parent is not None and parent not in self._parent:
-            parent = None  # inconsistent trace (the parent was dropped while its child stayed): a root
-        self._dirty.add(self.reuse.stored(b))
-        self._parent[b] = parent
-        self._children[b] = 0
-        self._hits[b] = 0
-        self._source[b] = source
-        if parent is not None:
-            self._children[parent] += 1
-            self._branches[parent] = self._branches.get(parent, 0) + 1
-            self._dirty.add(self._class[parent])  # no longer a leaf
-        self._chain[b] = self._inherited(parent)
-        self._run[b] = self._run[parent] + 1 if parent is not None and self._hits[parent] == 0 else 1
-        self.tick += 1
-        self._start_lifetime(b)
-
-    def _start_lifetime(self, b: Hashable) -> None:
-        parent = self._parent[b]
-        opens_branch = (
-            parent is None or self.weights.is_protected(self._source[parent]) or self._children[parent] > 1
-        )
-        code = reuse_class(self._chain[b], self._run[b], opens_branch)
-        self._class[b] = code
-        self.reuse.start(code)
-        self._dirty.add(code)
-        # requests = hits + 1: in a replay every access comes from a new request.
-        key = scoring.priority(
-            self.weights, self.tick, self.capacity, self._chain[b], self._hits[b] + 1, self._source[b]
-        )
-        self._key[b] = key
-        self._counter += 1
-        self._seq[b] = self._counter
-        if not self._children[b]:
-            heapq.heappush(self._heaps[code], (key, self._counter, b))
+    def _indexed(self, b: Hashable) -> None:
+        """`b` was stored or hit, or became a leaf: push it if it is a leaf; its class's head may change.
+        (A hit block that is no leaf needs no push, and process() marks every class dirty after hits.)"""
+        g = self.graph
+        if g.is_evictable(b, TIER):
+            code, key, seq = g.rank_key(b, self.capacity)
+            heapq.heappush(self._heaps[code], (key, seq, b))
+            self._dirty.add(code)
 
     def _head(self, heap: list, pinned: set[Hashable]) -> tuple[float, int, Hashable] | None:
         """The heap's lowest entry that is a current leaf outside `pinned` (stale entries dropped)."""
+        evictable_seq = self.graph.evictable_seq
         skipped, found = [], None
         while heap:
             item = heap[0]
             b = item[2]
-            if self._seq.get(b) != item[1] or self._children[b]:
+            if evictable_seq(b, TIER) != item[1]:
                 heapq.heappop(heap)  # stale entry, or no longer a leaf (pushed again when it becomes one)
             elif b in pinned:
                 skipped.append(heapq.heappop(heap))
@@ -142,33 +112,24 @@ class GraphCache:
         return found
 
     def _evict_one(self, pinned: set[Hashable]) -> None:
-        if self.reuse.halvings != self._halvings:  # every class's counters changed
-            self._halvings = self.reuse.halvings
+        g = self.graph
+        if g.reuse.halvings != self._halvings:  # every class's counters changed
+            self._halvings = g.reuse.halvings
             self._dirty = set(range(N_CLASSES))
-        self._dirty.discard(None)
         if self._dirty:
             codes = sorted(self._dirty)
-            ps = np.array([self.reuse.probability(code) for code in codes])
+            ps = np.array([g.reuse.probability(code) for code in codes])
             for code, term in zip(codes, scoring.reuse_terms(self.weights, ps).tolist(), strict=True):
                 item = self._head(self._heaps[code], pinned) if self._heaps[code] else None
                 if item is None:
                     self._rank.pop(code, None)
                 else:  # the same operations as scoring.priority_array: key + horizon · reuse term
-                    self._rank[code] = (item[0] + self.capacity * term, item[1], item[2])
+                    self._rank[code] = (item[0] + self.capacity * term, item[1], item[2], code)
             self._dirty.clear()
-        _, _, victim = min(self._rank.values())  # (priority, seq): seqs are unique, blocks never compared
-        parent = self._parent.pop(victim)
-        code = self._class.pop(victim)
-        for d in (self._children, self._hits, self._chain, self._source, self._run, self._key, self._seq):
-            del d[victim]
-        self._branches.pop(victim, None)
-        self._branches_hit.pop(victim, None)
-        self.reuse.evicted(victim, code, len(self._parent))
-        self.evictions += 1
+        _, _, victim, code = min(self._rank.values())  # (priority, seq) decides: seqs are unique
         self._dirty.add(code)
-        if parent is not None:
-            self._children[parent] -= 1
-            if self._children[parent] == 0:
-                p_class = self._class[parent]
-                heapq.heappush(self._heaps[p_class], (self._key[parent], self._seq[parent], parent))
-                self._dirty.add(p_class)
+        parent = g.parent_of(victim)
+        g.on_remove(victim)
+        self.evictions += 1
+        if parent is not None and g.is_evictable(parent, TIER):
+            self._indexed(parent)  # a leaf again, its counters as at its last access

@@ -1,7 +1,9 @@
 """Prefix-cache simulators for `replay`: LRU, ARC and the graph policy, all on the same request protocol.
 
-Provides `LRUCache`, `ARCCache`, `GraphCache` (from `graph_cache`) and `make_cache(policy, capacity_blocks,
-weights)`, each with `process(blocks, sources) -> hit_blocks` and the counters `evictions`, `size`.
+Provides `LRUCache` (over `tiercache.scheduler.recency.RecencyOrder`, the recency order the tier index keeps
+too), `ARCCache` (its own T1/T2/B1/B2 lists: they are ARC's algorithm), `GraphCache` (from `graph_cache`: a
+one-tier `KVCacheGraph`) and `make_cache(policy, capacity_blocks, weights)`, each with
+`process(blocks, sources) -> hit_blocks` and the counters `evictions`, `size`.
 
 The protocol, identical for the three (so they differ only in whom they evict):
 - Capacity is a number of blocks; a block is one cache entry whatever its tokens.
@@ -21,6 +23,7 @@ from collections.abc import Hashable, Sequence
 
 from tiercache.graph.graph_cache import GraphCache
 from tiercache.graph.scoring import ScoreWeights
+from tiercache.scheduler.recency import RecencyOrder
 
 
 def _hit_length(blocks: Sequence[Hashable], cached) -> int:
@@ -33,35 +36,35 @@ def _hit_length(blocks: Sequence[Hashable], cached) -> int:
 
 
 class LRUCache:
-    """Least recently used over blocks."""
+    """Least recently used over blocks, in the project's one recency structure (`RecencyOrder`)."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity = capacity_blocks
         self.evictions = 0
-        self._od: OrderedDict[Hashable, None] = OrderedDict()
+        self._order = RecencyOrder()
 
     @property
     def size(self) -> int:
-        return len(self._od)
+        return len(self._order)
 
     def __contains__(self, block: Hashable) -> bool:
-        return block in self._od
+        return block in self._order
 
     def process(self, blocks: Sequence[Hashable], sources: Sequence[int]) -> int:
-        od = self._od
+        order = self._order
         blocks = blocks[: self.capacity]
-        hit = _hit_length(blocks, od)
+        hit = _hit_length(blocks, order)
         for b in reversed(blocks):  # touch first: the request's own blocks leave the LRU end
-            if b in od:
-                od.move_to_end(b)
+            if b in order:
+                order.touch(b)
         for b in reversed(blocks):
-            if b not in od:
-                if len(od) >= self.capacity:
-                    od.popitem(last=False)
+            if b not in order:
+                if len(order) >= self.capacity:
+                    order.pop_oldest()
                     self.evictions += 1
-                od[b] = None
+                order.add(b)
         for b in reversed(blocks):
-            od.move_to_end(b)
+            order.touch(b)
         return hit
 
 

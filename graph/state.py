@@ -24,6 +24,7 @@ COLUMNS: dict[str, type] = {
     "run": np.int32,  # never-reused blocks of the chain ending here, when stored: see reuse
     "reuse_class": np.int8,  # reuse.reuse_class at the last access
     "tick": np.int64,  # the tier's store counter at the last access
+    "seq": np.int64,  # the graph's access counter at the last store, hit or move: LRU order within a tier
     "last_access": np.float64,  # clock() at the last access
     "created": np.float64,
     "importance": np.float32,
@@ -69,6 +70,7 @@ class BlockTable:
         for name, arr in old.items():
             if arr is not None:
                 getattr(self, name)[: len(arr)] = arr
+        self._columns = tuple(getattr(self, name) for name in COLUMNS)
         self.capacity = capacity
 
     def alloc(self) -> int:
@@ -88,8 +90,8 @@ class BlockTable:
 
     def free(self, slot: int) -> None:
         """Zero the slot's counters (nothing outlives a removal) and recycle it."""
-        for name in COLUMNS:
-            getattr(self, name)[slot] = 0
+        for column in self._columns:
+            column[slot] = 0
         self.children[slot] = 0
         self._free.append(slot)
 

@@ -104,6 +104,26 @@ def test_staleness_fallback_recorded():
     assert d.tier_to is None  # dropping from the last tier
 
 
+def test_standalone_fallback_is_the_least_recently_used_leaf():
+    # No tier manager's order passed: the fallback sorts the tier by the graph's access counter, so every
+    # store, hit (a new request's or the same one's) and move-in makes a block the most recent of its tier.
+    g = KVCacheGraph(clock=FakeClock())
+    for h, r in [(b"a", "r1"), (b"b", "r2"), (b"c", "r3")]:
+        g.on_store(h, None, r)
+    g.on_hit(b"b", "r2")  # the same request looking again: recency only
+    g.on_hit(b"a", "r9")
+    g.on_store(b"d", b"c", "r3")  # c has a child now: not evictable
+    adv = GraphEvictionAdvisor(g)
+    decisions = adv.choose_victims(4, "vram")
+    assert [d.block_hash for d in decisions] == [b"b", b"a", b"d"]
+    assert all(d.policy_used == "lru-fallback" and "no snapshot" in d.reason for d in decisions)
+    g.on_move(b"b", "vram", "dram")
+    g.on_move(b"b", "dram", "vram")  # moved back in: the most recent of vram
+    assert [d.block_hash for d in adv.choose_victims(4, "vram")] == [b"a", b"d", b"b"]
+    g.on_remove(b"d")  # c is a leaf again, and older than everything left
+    assert adv.suggest_eviction(1, "vram") == [] and adv.choose_victims(1, "vram")[0].block_hash == b"c"
+
+
 def test_exhausted_snapshot_tops_up_from_lru():
     g = KVCacheGraph(clock=FakeClock())
     chain(g, [b"a"], "r1")

@@ -7,6 +7,7 @@ import pytest
 
 from tiercache.graph import EDGE_TYPES, KVCacheGraph
 from tiercache.graph.sketches import SketchIndex
+from tiercache.scheduler.recency import RecencyOrder
 
 
 class FakeClock:
@@ -158,7 +159,7 @@ def test_removal_leaves_nothing():
         g.check_invariants()
     assert len(g) == 0 and g.nx.number_of_nodes() == 0 and g.nx.number_of_edges() == 0
     assert len(g._sketches) == 0 and g._sketches.bucket_count() == 0
-    assert all(len(list(g.lru_order(t))) == 0 for t in g.tiers)
+    assert all(g.tier_size(t) == 0 and g.lru_fallback_order(t) == [] for t in g.tiers)
     assert not g.table.uid.any() and not g.table.children.any()
     assert all(h is None for h in g._hashes)
 
@@ -189,6 +190,92 @@ def test_slots_recycled_and_columns_grow():
     state = g.export()
     assert np.count_nonzero(state.uid) == 3000 and state.tier_sizes == [3000, 0]
     g.check_invariants()
+
+
+def random_ops(g: KVCacheGraph, seed: int, n_ops: int = 600):
+    """Random stores (new, and stored again in either tier), hits by new and by the same request, moves and
+    removals; yields after each op the reference recency order per tier, kept in `RecencyOrder` as the tier
+    manager keeps it (store, hit and move-in make a block the most recent of its tier)."""
+    rng = random.Random(seed)
+    ref = {t: RecencyOrder() for t in g.tiers}
+    names: list[int] = []
+    last_request: dict[int, str] = {}
+    for i in range(n_ops):
+        op = rng.random()
+        if op < 0.35 or not names:
+            known = names and rng.random() < 0.25  # stored again, maybe into another tier
+            h, tier = rng.choice(names) if known else rng.randrange(10_000), rng.choice(g.tiers)
+            parent = rng.choice(names) if names and rng.random() < 0.7 else None
+            if h in g and g.tier_of(h) != tier:
+                ref[g.tier_of(h)].discard(h)
+            g.on_store(h, parent, f"r{i}", tier=tier)
+            ref[tier].add(h)
+            names.append(h)
+            last_request[h] = f"r{i}"
+        elif op < 0.6:
+            h = rng.choice(names)
+            request = last_request[h] if rng.random() < 0.3 else f"r{i}"  # the same request again: a touch
+            g.on_hit(h, request)
+            ref[g.tier_of(h)].touch(h)
+            last_request[h] = request
+        elif op < 0.8 and len(g.tiers) > 1:
+            h = rng.choice(names)
+            src = g.tier_of(h)
+            dst = rng.choice([t for t in g.tiers if t != src])
+            g.on_move(h, src, dst)
+            ref[src].discard(h)
+            ref[dst].add(h)
+        else:
+            h = names.pop(rng.randrange(len(names)))
+            ref[g.tier_of(h)].discard(h)
+            g.on_remove(h)
+        names = [h for h in dict.fromkeys(names) if h in g]
+        yield ref
+
+
+@pytest.mark.parametrize("tiers", [("vram",), ("vram", "dram"), ("hbm", "vram", "dram")])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lru_fallback_order_is_exact_lru_and_tier_sizes_count(tiers, seed):
+    g = KVCacheGraph(tiers=tiers, clock=FakeClock())
+    for k, ref in enumerate(random_ops(g, seed)):
+        for t in tiers:
+            assert g.lru_fallback_order(t) == list(ref[t])
+            assert g.tier_size(t) == len(ref[t])
+        if k % 50 == 0:
+            g.check_invariants()
+    assert g.export().tier_sizes == [len(ref[t]) for t in tiers] and sum(map(len, ref.values())) == len(g)
+    for t in tiers:
+        for h in ref[t]:
+            assert g.score_inputs(h)[1] == max(len(ref[t]), 1)  # the score's horizon: its tier's size
+
+
+def test_tier_sizes_after_moves_and_removals_by_hand():
+    g = KVCacheGraph()
+    chain(g, [b"a", b"b", b"c"], "r1")
+    chain(g, [b"x"], "r2", tier="dram")
+    assert (g.tier_size("vram"), g.tier_size("dram")) == (3, 1)
+    g.on_move(b"c", "vram", "dram")
+    g.on_store(b"b", b"a", "r3", tier="dram")  # stored again in the other tier: a move plus a hit
+    assert (g.tier_size("vram"), g.tier_size("dram")) == (1, 3) and g.tier_of(b"b") == "dram"
+    assert g.lru_fallback_order("dram") == [b"x", b"c", b"b"] and g.lru_fallback_order("vram") == [b"a"]
+    g.on_remove(b"x")
+    g.on_remove(b"x")  # twice: nothing happens
+    g.on_remove(b"a")
+    assert g.export().tier_sizes == [0, 2] and g.score_inputs(b"c")[1] == 2.0
+    g.check_invariants()
+
+
+def test_check_invariants_catches_counter_drift():
+    g = KVCacheGraph()
+    chain(g, [b"a", b"b"], "r1")
+    g.check_invariants()
+    g._size[1] += 1  # a tier size that no longer counts the blocks
+    with pytest.raises(AssertionError):
+        g.check_invariants()
+    g._size[1] -= 1
+    g.table.seq[g._slot[b"a"]] = g.table.seq[g._slot[b"b"]]  # two blocks with the same recency
+    with pytest.raises(AssertionError):
+        g.check_invariants()
 
 
 def test_sketch_index_bounds():

@@ -34,8 +34,10 @@ class RecencyOrder:
 
     def add(self, key: Hashable) -> None:
         """Insert as the most recent; a key already present just becomes the most recent."""
-        self._keys[key] = None
-        self._keys.move_to_end(key)
+        if key in self._keys:
+            self._keys.move_to_end(key)
+        else:
+            self._keys[key] = None
 
     def touch(self, key: Hashable) -> None:
         """Make a present key the most recent (KeyError if absent)."""
