@@ -1,11 +1,16 @@
-"""vLLM general plugin: registers "TierCacheConnector" with KVConnectorFactory (entry point
-vllm.general_plugins → tiercache = "tiercache.connectors.plugin:register"), so kv_connector can name it
-without kv_connector_module_path. Idempotent: vLLM loads general plugins in every process.
+"""vLLM general plugin (entry point vllm.general_plugins → "tiercache.connectors.plugin:register"), loaded
+by vLLM in every process (engine core and workers are spawned, so registering anywhere else misses
+them). Idempotent. Registers:
+    "TierCacheConnector" with KVConnectorFactory   kv_connector can name it without kv_connector_module_path
+    AttentionBackendEnum.CUSTOM                     primary mode's backend (--attention-backend CUSTOM)
+    AttentionBackendEnum.CPU_ATTN (CPU platform)    a CPU backend that is vLLM's own unless CUSTOM was
+                                                    selected (the CPU platform ignores the selection)
 """
 
 from __future__ import annotations
 
 NAME = "TierCacheConnector"
+BACKENDS = "tiercache.connectors.attention.backend"
 
 
 def register() -> None:
@@ -13,3 +18,9 @@ def register() -> None:
 
     if NAME not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(NAME, "tiercache.connectors.vllm", "TierCacheConnector")
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CUSTOM, f"{BACKENDS}.TierCacheAttentionBackend")
+    if current_platform.is_cpu():
+        register_backend(AttentionBackendEnum.CPU_ATTN, f"{BACKENDS}.TierCacheCPUAttentionBackend")

@@ -21,9 +21,9 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("inspect", ("tiercache.inspect",)),
     ("cli", ("tiercache.cli",)),
     ("scheduler glue", ("tiercache.connectors.scheduler",)),
-    ("worker glue", ("tiercache.connectors.worker",)),
-    ("boundary", ("tiercache.connectors.vllm", "tiercache.connectors.plugin")),
-    ("shared", ("tiercache.connectors", "tiercache")),  # what is left: wire, config, layout, codecs, …
+    ("worker glue", ("tiercache.connectors.worker", "tiercache.connectors.attention")),
+    ("boundary", ("tiercache.connectors.vllm",)),
+    ("shared", ("tiercache.connectors", "tiercache")),  # the rest: wire, config, layout, codecs, plugin, …
 ]
 MAY_IMPORT = {
     "kernels": {"kernels"},

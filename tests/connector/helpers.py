@@ -29,19 +29,21 @@ def connector_config(codec: str, vram: str = "4096 tokens", dram: str = "8192 to
 
 
 @contextmanager
-def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = False):
-    """An LLM (prefix caching off: every prefix hit comes from the connector); shut down and freed on exit."""
+def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = False, **llm_kwargs):
+    """An LLM (prefix caching off: every prefix hit comes from the connector, unless llm_kwargs say
+    otherwise); shut down and freed on exit."""
     saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     from vllm import LLM
     from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
 
-    llm = LLM(
+    kwargs = dict(
         model=str(model), dtype="float32", block_size=BLOCK, enforce_eager=True,
         distributed_executor_backend="mp" if multiprocess else "uni", max_model_len=1024, max_num_seqs=4,
         seed=0, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config,
     )  # fmt: skip
+    llm = LLM(**{**kwargs, **llm_kwargs})
     try:
         yield llm
     finally:

@@ -1,0 +1,135 @@
+"""Primary mode's attention layer implementation: writes new tokens into the TurboQuant pages and attends
+over them (tiercache.worker.paged_attention), on vLLM's tensors.
+
+Provides:
+    PrimaryAttentionImpl(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap=None, attn_type="decoder", …)
+        do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)   before forward, every step
+        forward(layer, query, key, value, kv_cache, attn_metadata, output, …) -> output
+    pages_of(kv_cache, page_format) -> [num_blocks, page_bytes] uint8   one layer's cache as pages
+
+kv_cache: the layer's view vLLM hands the backend, [num_blocks, H, block_size, token_head_bytes] uint8 in
+any layout whose blocks are contiguous (the backend's customize_spec sized it). query/output [T, Hq, D] (T
+padded); key/value [T, H, D] (strided views of the fused projection are fine).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from vllm.v1.attention.backend import AttentionImpl, AttentionType
+
+from tiercache.pages import PageFormat
+from tiercache.worker.paged_attention import PagedAttention
+
+from .metadata import PrimaryMetadata
+from .selection import current
+
+
+class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        **unsupported,
+    ) -> None:
+        _refuse(alibi_slopes=alibi_slopes, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+                **{k: v for k, v in unsupported.items() if v is not None})  # fmt: skip
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"tiercache primary mode serves decoder attention only, not {attn_type}"
+            )
+        decision = current()
+        assert decision is not None and decision.primary, "the backend decides before building layers"
+        self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.spec = decision.config.codec
+        self.codec = _codec(self.spec, head_size, decision.model_dtype)
+        self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
+
+    def attention(self, block_size: int) -> PagedAttention:
+        if self._attention is None or self._attention.format.block_size != block_size:
+            fmt = PageFormat.from_spec(self.spec, self.num_kv_heads, self.head_size, block_size)
+            self._attention = PagedAttention(
+                fmt, self.codec.keys, self.codec.values, self.num_heads, self.scale
+            )
+        return self._attention
+
+    def do_kv_cache_update(
+        self, layer, key, value, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        attention = self.attention(kv_cache.shape[2])
+        n = slot_mapping.shape[0]
+        attention.write(pages_of(kv_cache, attention.format), key[:n], value[:n], slot_mapping)
+
+    def forward(
+        self,
+        layer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: PrimaryMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("tiercache primary mode does not fuse output quantization")
+        if attn_metadata is None:  # profiling and warm-up runs
+            return output
+        m = attn_metadata
+        attention = self.attention(kv_cache.shape[2])
+        pages = pages_of(kv_cache, attention.format)
+        q = query.view(-1, self.num_heads, self.head_size)
+        out = output.view(-1, self.num_heads, self.head_size)
+        nd = m.num_decodes
+        if nd:
+            attention.decode(pages, q[:nd], m.block_table[:nd], m.seq_lens[:nd], out[:nd])
+        if nd < m.seq_lens.shape[0]:
+            starts = m.query_start_loc_cpu[nd:] - m.query_start_loc_cpu[nd]
+            attention.prefill(pages, q[nd : m.num_tokens], starts, m.seq_lens_cpu[nd:], m.block_table[nd:],
+                              out[nd : m.num_tokens])  # fmt: skip
+        return output
+
+
+def pages_of(kv_cache: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
+    """One layer's cache [NB, H, BS, C] (any stride order within a block) as pages [NB, page_bytes] uint8."""
+    cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
+    inner = sorted(zip(cache.stride()[1:], cache.shape[1:], strict=True))
+    dense = all(stride == math.prod(size for _, size in inner[:i]) for i, (stride, _) in enumerate(inner))
+    if not dense or math.prod(cache.shape[1:]) != fmt.page_bytes:
+        raise ValueError(
+            f"tiercache primary mode: a block of the KV cache must be one dense page of {fmt.page_bytes} "
+            f"bytes; got shape {tuple(cache.shape)} strides {cache.stride()}"
+        )
+    return cache.as_strided((cache.shape[0], fmt.page_bytes), (cache.stride(0), 1))
+
+
+@functools.cache
+def _codec(spec, head_size: int, dtype: torch.dtype):
+    """One built codec per (spec, head size) for all layers: its rotation and tables are built once."""
+    return spec.build(head_size, dtype)
+
+
+def _refuse(**features) -> None:
+    used = {name: value for name, value in features.items() if value}
+    if used:
+        raise NotImplementedError(
+            f"tiercache primary mode does not support {', '.join(used)} (got {used}); serve this model with "
+            "vLLM's own attention (no --attention-backend CUSTOM) and the connector in offload mode"
+        )
