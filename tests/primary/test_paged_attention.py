@@ -128,3 +128,31 @@ def test_prefill_with_a_cached_prefix_equals_the_reference(preset, shape):
         got = out[starts[i] : starts[i + 1]]
         expect = reference(query[starts[i] : starts[i + 1]], kq, vq, attn.scale)
         assert rel(got, expect) < 1e-4, (i, rel(got, expect))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tq4", "k8v4"])
+@pytest.mark.parametrize(("batch", "tokens"), [(2, 300), (16, 2048)])  # Triton kernels; the Gluon kernel
+def test_gpu_pages_with_bf16_queries(preset, batch, tokens):
+    """On CUDA the kernels read and write the pages through their strides (a block's sections are one page
+    apart); bf16 queries: the tolerance of 16-bit products."""
+    codec, fmt, attn = make(preset, 128, 16, 8, 4)
+    lengths = [tokens - 7 * i for i in range(batch)]
+    pages, table, _, _ = fill(attn, fmt, lengths)
+    pages, table = pages.cuda(), table.cuda()
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(batch, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    out = attn.decode(pages, query, table, torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+                      torch.empty_like(query))  # fmt: skip
+    pages_cpu = pages.cpu()
+    for i, n in enumerate(lengths):
+        kq, vq = stored(codec, fmt, pages_cpu, table[i].cpu(), n)
+        expect = reference(query[i : i + 1].float().cpu(), kq, vq, attn.scale)[0]
+        assert rel(out[i].float().cpu(), expect) < 2e-2, (i, rel(out[i].float().cpu(), expect))
+    starts = torch.tensor([0, 5, 5 + 64])  # a 5-token chunk of sequence 0, 64 tokens of sequence 1
+    q = torch.randn(69, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    got = attn.prefill(pages, q, starts, torch.tensor(lengths[:2]), table[:2], torch.zeros_like(q))
+    for i in range(2):
+        kq, vq = stored(codec, fmt, pages_cpu, table[i].cpu(), lengths[i])
+        expect = reference(q[starts[i] : starts[i + 1]].float().cpu(), kq, vq, attn.scale)
+        assert rel(got[starts[i] : starts[i + 1]].float().cpu(), expect) < 2e-2
