@@ -77,7 +77,8 @@ def kernel_tables(codec: TurboQuantCodec, device: torch.device | str) -> KernelT
         device = torch.device("cuda", torch.cuda.current_device())
     key = (codec.codec_id, device)
     if key not in _CACHE:
-        _CACHE[key] = _build(codec, device)
+        with torch.device("cpu"):  # built on the host, then moved: independent of the default device
+            _CACHE[key] = _build(codec, device)
     return _CACHE[key]
 
 

@@ -58,10 +58,11 @@ class TurboQuantCodec:
         self.packed_dim = head_dim * bits // 8
         centroids, boundaries, mse_per_coordinate = CODEBOOKS[codebook](head_dim, bits)
         self.expected_mse = head_dim * mse_per_coordinate
-        self.codebook = torch.tensor(centroids, dtype=torch.float32)
-        self.boundaries = torch.tensor(boundaries, dtype=torch.float32)
         matrix = haar_rotation(head_dim, seed) if rotation == "haar" else hadamard_rotation(head_dim, seed)
-        self.rotation = torch.tensor(matrix, dtype=torch.float32)
+        with torch.device("cpu"):  # host copies, whatever the caller's default device (vLLM's is CUDA)
+            self.codebook = torch.tensor(centroids, dtype=torch.float32)
+            self.boundaries = torch.tensor(boundaries, dtype=torch.float32)
+            self.rotation = torch.tensor(matrix, dtype=torch.float32)
         self._tables: dict[torch.device, _DeviceTables] = {}
 
     @property
@@ -123,7 +124,8 @@ class TurboQuantCodec:
         """Rotation, codebook and lookup tables on `device` (built once per device)."""
         device = torch.device(device)
         if device not in self._tables:
-            self._tables[device] = _DeviceTables.build(self, device)
+            with torch.device("cpu"):  # built on the host, then moved: independent of the default device
+                self._tables[device] = _DeviceTables.build(self, device)
         return self._tables[device]
 
     def _check_input(self, x: torch.Tensor) -> None:

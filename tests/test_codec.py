@@ -207,3 +207,20 @@ def test_codec_report_rows_per_codebook():
         assert row.mse == pytest.approx(row.expected_mse, rel=0.1)
     assert rows[1].mse > 1.5 * rows[0].mse  # uniform 8-bit costs ~2x Lloyd-Max (1.97x at d = 64)
     assert "uniform     8" in format_table(64, rows)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_building_ignores_the_default_device(bits):
+    """vLLM builds models under torch.device('cuda'): the codec and its tables are host-built regardless
+    (the meta device here would leave them without data)."""
+    from tiercache.kernels._tables import kernel_tables
+
+    expected = TurboQuantCodec(128, bits, seed=3)
+    with torch.device("meta"):
+        codec = TurboQuantCodec(128, bits, seed=3)
+        codec.tables("cpu")
+        tables = kernel_tables(codec, "cpu")
+    assert codec.rotation.device.type == "cpu" and torch.equal(codec.rotation, expected.rotation)
+    assert tables.codebook.device.type == "cpu"
+    x = torch.randn(16, 128, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(codec.encode(x)[0], expected.encode(x)[0])

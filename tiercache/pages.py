@@ -6,7 +6,9 @@ Provides:
                               200 for K8V4; vLLM's state_content_bytes)
         .page_bytes           block_size × num_kv_heads × token_head_bytes
         .sections()           [(name, byte offset in the page, bytes)]
-        .views(pages) -> PageViews   the kernels' four tensors over a [num_blocks, page_bytes] uint8 cache
+        .views(pages) -> PageViews   the kernels' four tensors over a [num_blocks, ≥ page_bytes] uint8 cache
+                              (a longer row, where vLLM's page is larger than the codec needs, ends in
+                              padding)
         from_spec(spec, num_kv_heads, head_dim, block_size)
     PageViews(k_packed, k_norms, v_packed, v_norms)   [NB, BS, H, Pk] uint8, [NB, BS, H] f32, …
 
@@ -80,11 +82,10 @@ class PageFormat:
         return out
 
     def views(self, pages: torch.Tensor) -> PageViews:
-        """The kernels' tensors over pages [NB, page_bytes] uint8 (rows may be strided; bytes contiguous)."""
-        if pages.dtype != torch.uint8 or pages.ndim != 2 or pages.shape[1] != self.page_bytes:
-            raise ValueError(
-                f"pages must be uint8 [num_blocks, {self.page_bytes}], got {pages.dtype} {tuple(pages.shape)}"
-            )
+        """The kernels' tensors over pages [NB, ≥ page_bytes] uint8 (rows strided, each row contiguous)."""
+        if pages.dtype != torch.uint8 or pages.ndim != 2 or pages.shape[1] < self.page_bytes:
+            got = f"{pages.dtype} {tuple(pages.shape)}"
+            raise ValueError(f"pages must be uint8 [num_blocks, ≥ {self.page_bytes}], got {got}")
         if pages.stride(1) != 1 or pages.stride(0) % NORM_BYTES:
             raise ValueError(
                 f"each page must be one contiguous, 4-byte-aligned run; strides {pages.stride()}"

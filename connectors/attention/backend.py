@@ -9,7 +9,10 @@ Provides:
                                    per (token, KV head) (136 for K4V4 at d128, 200 for K8V4)
 
 vLLM builds a layer's impl (get_impl_cls, under its current config: where the process decides, see
-selection.py), then its spec (customize_spec), then the builder (get_builder_cls). Needs vLLM ≥ 0.32.
+selection.py), then its spec (customize_spec), then the builder (get_builder_cls). vLLM ≥ 0.32 sizes the
+pages through customize_spec; vLLM 0.26 has no such hook: its page is what --kv-cache-dtype gives
+(int4_per_token_head: exactly K4V4's 136 B at d128; fp8: 256 B, enough for K8V4's 200), and the backend
+shapes it with get_kv_cache_shape / get_kv_cache_stride_order as [NB, H, BS, C] with blocks outermost.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tiercache.pages import PageFormat
 
 from .impl import PrimaryAttentionImpl
 from .metadata import PrimaryMetadataBuilder
-from .selection import Decision, current, decide
+from .selection import LEGACY_CACHE_DTYPES, Decision, current, decide, legacy_page, sizes_pages
 
 
 def page_spec(spec):
@@ -47,7 +50,7 @@ def _decide_here() -> Decision:
 class TierCacheAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False  # do_kv_cache_update writes the pages
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"] if sizes_pages() else list(LEGACY_CACHE_DTYPES)
 
     @staticmethod
     def get_name() -> str:
@@ -76,6 +79,19 @@ class TierCacheAttentionBackend(AttentionBackend):
     @classmethod
     def customize_spec(cls, spec):
         return page_spec(spec)
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype_str: str = "auto"
+    ) -> tuple[int, ...]:
+        """vLLM 0.26: the page --kv-cache-dtype sized, as [NB, H, BS, elements per token and head]."""
+        elements, _ = legacy_page(cache_dtype_str, head_size, current().model_dtype)
+        return (num_blocks, num_kv_heads, block_size, elements)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        """vLLM 0.26: physically [NB, BS, H, C] ([L, NB, BS, H, C] with layers): a block is one dense page."""
+        return (0, 1, 3, 2, 4) if include_num_layers_dimension else (0, 2, 1, 3)
 
 
 class TierCacheCPUAttentionBackend(CPUAttentionBackend):

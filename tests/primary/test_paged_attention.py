@@ -79,8 +79,11 @@ def test_page_views_alias_one_contiguous_page_per_block():
     assert pages[3, -4:].view(torch.float32).item() == 1.0 and pages[[0, 1, 2, 4]].count_nonzero() == 0
     views.k_packed[2, 0, 0, 0] = 7  # the first byte of block 2's page
     assert pages[2, 0] == 7
-    with pytest.raises(ValueError, match=r"uint8 \[num_blocks, 3328\]"):
+    with pytest.raises(ValueError, match=r"uint8 \[num_blocks, ≥ 3328\]"):
         fmt.views(pages[:, :100])
+    padded = torch.zeros(2, fmt.page_bytes + 56 * 32, dtype=torch.uint8)  # a larger page: padding at its end
+    fmt.views(padded).v_norms[1, 15, 1] = 2.0
+    assert padded[1, fmt.page_bytes - 4 : fmt.page_bytes].view(torch.float32).item() == 2.0
 
 
 @pytest.mark.parametrize("preset", ["tq4", "k8v4"])

@@ -1,0 +1,35 @@
+"""Primary mode on a GPU (skipped without CUDA): the tiny Llama at head_dim 128 served with
+--attention-backend CUSTOM on vLLM's CUDA path (on vLLM 0.26 the page comes from --kv-cache-dtype), float32
+so that greedy tokens compare exactly with the plain-PyTorch reference of the same quantization."""
+
+from __future__ import annotations
+
+import pytest
+import reference
+from helpers import engine
+from tiny_llama import build_tiny_llama, words_prompt
+
+MAX_TOKENS = 12
+PROMPTS = [words_prompt(100 * i, n) for i, n in enumerate((10, 33, 70, 150, 300))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("preset", "legacy_dtype"), [("tq4", "int4_per_token_head"), ("k8v4", "fp8")])
+def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, legacy_dtype):
+    from tiercache.connectors.attention.selection import sizes_pages
+
+    model = build_tiny_llama(tmp_path / "tiny128", head_dim=128)
+    (tmp_path / "tc.yaml").write_text(f"codec: {preset}\n")
+    monkeypatch.setenv("TIERCACHE_CONFIG", str(tmp_path / "tc.yaml"))
+    kv_cache_dtype = "auto" if sizes_pages() else legacy_dtype
+    options = dict(
+        attention_config={"backend": "CUSTOM"}, kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=0.3
+    )
+    with engine(model, None, **options) as llm:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+        outs = [llm.generate([p], params, use_tqdm=False)[0] for p in PROMPTS]
+    ref = reference.load(model, preset)
+    expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in outs]
+    assert [list(o.outputs[0].token_ids) for o in outs] == expect
