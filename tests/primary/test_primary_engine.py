@@ -78,3 +78,27 @@ def test_the_reference_is_not_plain_attention(tiny_model):
         sum(got != reference.greedy(ref, ids, MAX_TOKENS) for ids, got in zip(prompt_ids, stock, strict=True))
         >= 2
     )
+
+
+def test_the_example_answers_with_smollm2_and_reports_its_cache(tmp_path):
+    """examples/primary_mode.py on this machine: SmolLM2 (30 layers, 3 KV heads, head_dim 64) in primary mode
+    answers, and the cache it allocated costs K8V4's 30·3·104 bytes per token against bf16's 30·3·256."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiercache.cli.models import ModelUnavailableError, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelUnavailableError as exc:
+        pytest.skip(f"SmolLM2 not installed: {exc}")
+    example = Path(__file__).parents[2] / "examples" / "primary_mode.py"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    env.pop("TIERCACHE_CONFIG", None)  # the example's own tiers.yaml: k8v4
+    command = [sys.executable, str(example)]
+    run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Paris" in run.stdout
+    assert "codec k8v4; KV cache: 9360 bytes per token (bf16: 23040)" in run.stdout
