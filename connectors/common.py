@@ -9,6 +9,8 @@ Provides:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch
 
 from tiercache.codecs import KVCodecSpec
 from tiercache.config import TierCacheConfig
-from tiercache.errors import ConfigError
+from tiercache.errors import ConfigError, shown
 from tiercache.layout import BlockLayout
 
 CONFIG_KEY = "config"
@@ -25,9 +27,21 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def load_config(vllm_config) -> TierCacheConfig:
     """The tiercache config: the file named by extra_config["config"] (else $TIERCACHE_CONFIG, else
-    defaults), with every other key of kv_connector_extra_config as an inline override."""
-    extra: dict[str, Any] = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    defaults), with every other key of kv_connector_extra_config as an inline override. ConfigError (naming
+    kv_connector_extra_config) when that is not a mapping or its "config" is not a path."""
+    raw = vllm_config.kv_transfer_config.kv_connector_extra_config
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"kv_connector_extra_config: got {shown(raw)} ({type(raw).__name__}); expected a mapping such as "
+            '{"config": "tiers.yaml", "codec": "k8v4"}'
+        )
+    extra: dict[str, Any] = dict(raw or {})
     path = extra.pop(CONFIG_KEY, None)
+    if path is not None and (not isinstance(path, str | os.PathLike) or not str(path).strip()):
+        raise ConfigError(
+            f"kv_connector_extra_config.config: got {shown(path)}; expected the path of a tiers YAML file "
+            '(e.g. "tiers.yaml"), or leave it out'
+        )
     return TierCacheConfig.load(path, extra)
 
 

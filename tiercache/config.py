@@ -2,45 +2,58 @@
 
 Provides:
     TierCacheConfig     codec, tiers, eviction, inspect (all frozen); from_dict / from_yaml / load / to_dict
-    TiersConfig         vram, dram: Size (bytes or tokens), per rank
-    EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds)
+        .check_memory(bytes_per_token, …)   a tier larger than the machine → ConfigError with both numbers
+        .check_blocks(capacity, layout)     a tier that holds no whole block → ConfigError naming the minimum
+                                            (called where capacities are computed: layout.tier_capacities)
+    TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off
+    EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite)
     InspectConfig       socket: a unix socket path, "auto" or "off"
     CONFIG_ENV          "TIERCACHE_CONFIG": the file load() reads when no path is given
+    DEFAULT_CODEC, POLICIES, ROTATIONS             (from config_values.py, which checks each key)
     host_memory_bytes() / device_memory_bytes()   what the machine has (for the start-up check)
 
 Shape (every key optional; see examples/tiers.yaml):
     codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, k8v4u, none) or {keys: 8, values: 4}
                              # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
-    tiers: {vram: 4GiB, dram: 32GiB}       # or "2M tokens"
-    eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}
+    tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
+    eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
+                                           # left out, it is max(2s, 4 × advisor_interval)
     inspect: {socket: auto}
-Unknown keys are rejected with a "did you mean"; each error names the key, the bad value and the accepted
-forms.
+Every value is checked at load. An error is one line naming the key, the value (shortened to at most ~200
+characters: errors.shown) and the fix; all unknown keys of a file are reported at once, with a "did you
+mean". Files are read by config_yaml.read_yaml (bounded size, depth and alias expansion; no duplicate keys);
+the per-key checks are in config_values.py.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiercache.codecs import CODEBOOKS, PRESETS, KVCodecSpec
-from tiercache.errors import ConfigError
-from tiercache.units import DURATION_FORMS, SIZE_FORMS, Size, format_bytes, parse_duration, parse_size
+from tiercache.codecs import PRESETS, KVCodecSpec
+from tiercache.config_values import (
+    DEFAULT_CODEC,
+    POLICIES,
+    ROTATIONS,
+    check_unknown_keys,
+    codec_spec,
+    eviction_values,
+    section,
+    socket_value,
+    tier_size,
+)
+from tiercache.config_yaml import read_yaml
+from tiercache.errors import ConfigError, shown
+from tiercache.units import Size, format_bytes
+
+__all__ = ["CONFIG_ENV", "DEFAULT_CODEC", "POLICIES", "ROTATIONS", "EvictionConfig", "InspectConfig",
+           "TierCacheConfig", "TiersConfig", "device_memory_bytes", "host_memory_bytes", "merge"]  # fmt: skip
 
 CONFIG_ENV = "TIERCACHE_CONFIG"
-# Most compressed preset with ΔPPL ≤ 2 % on a real model (benchmarks/quality.py: K8V4 +1.03 %, K4V4 +7.97 %)
-DEFAULT_CODEC = "k8v4"
-POLICIES = ("graph", "lru")
-ROTATIONS = ("haar", "hadamard")
-_CODEC_FORMS = (
-    f"a preset ({', '.join(PRESETS)}) or a mapping such as {{keys: 8, values: 4}} "
-    f"(optionally key_codebook / value_codebook: {' or '.join(CODEBOOKS)})"
-)
-_CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_codebook")
-_BITS_FORMS = 'an integer 1..8, or "none" for lossless'
+MAX_GPU_BYTES = 2**40  # more than any one GPU has: the VRAM bound where this process cannot see the GPU
 
 
 @dataclass(frozen=True)
@@ -70,53 +83,30 @@ class TierCacheConfig:
     source: str = "<defaults>"  # where it came from, for messages
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None, source: str = "<dict>") -> TierCacheConfig:
+    def from_dict(cls, data: Mapping[str, Any] | None, source: str = "<dict>") -> TierCacheConfig:
         data = _expand_dotted({} if data is None else data, source)
-        _check_keys(data, ("codec", "tiers", "eviction", "inspect"), "", source)
-        tiers = _section(data, "tiers", source)
-        eviction = _section(data, "eviction", source)
-        inspect = _section(data, "inspect", source)
-        _check_keys(tiers, ("vram", "dram"), "tiers.", source)
-        _check_keys(eviction, ("policy", "advisor_interval", "max_stale"), "eviction.", source)
-        _check_keys(inspect, ("socket",), "inspect.", source)
-        defaults = EvictionConfig()
+        check_unknown_keys(data, source)
+        tiers, eviction = section(data, "tiers", source), section(data, "eviction", source)
+        inspect = section(data, "inspect", source)
         return cls(
-            codec=_codec(data.get("codec", DEFAULT_CODEC), source),
+            codec=codec_spec(data.get("codec", DEFAULT_CODEC), source),
             tiers=TiersConfig(
-                vram=_value("tiers.vram", tiers.get("vram", "4GiB"), parse_size, SIZE_FORMS, source),
-                dram=_value("tiers.dram", tiers.get("dram", "8GiB"), parse_size, SIZE_FORMS, source),
+                vram=tier_size("tiers.vram", tiers.get("vram", "4GiB"), source),
+                dram=tier_size("tiers.dram", tiers.get("dram", "8GiB"), source),
             ),
-            eviction=EvictionConfig(
-                policy=_choice("eviction.policy", eviction.get("policy", defaults.policy), POLICIES, source),
-                advisor_interval=_value(
-                    "eviction.advisor_interval",
-                    eviction.get("advisor_interval", defaults.advisor_interval),
-                    parse_duration, DURATION_FORMS, source,
-                ),
-                max_stale=_value(
-                    "eviction.max_stale", eviction.get("max_stale", defaults.max_stale),
-                    parse_duration, DURATION_FORMS, source,
-                ),
-            ),
-            inspect=InspectConfig(socket=_socket(inspect.get("socket", "auto"), source)),
+            eviction=EvictionConfig(*eviction_values(eviction, source)),
+            inspect=InspectConfig(socket=socket_value(inspect.get("socket", "auto"), source)),
             source=source,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> TierCacheConfig:
-        import yaml
-
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        data = read_yaml(Path(path))
         if data is not None and not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping (codec:, tiers:, …), got {data!r}")
+            raise ConfigError(
+                f"{path}: the top level must be a mapping (codec:, tiers:, …), got {shown(data)}; "
+                "see examples/tiers.yaml"
+            )
         return cls.from_dict(merge(data or {}, overrides or {}), source=str(path))
 
     @classmethod
@@ -160,23 +150,49 @@ class TierCacheConfig:
     ) -> None:
         """Fail (ConfigError, with both numbers) when a tier asks for more memory than the machine has.
 
-        Token sizes are checked only when bytes_per_token is given; device memory only when known (CUDA) and
-        check_device (the scheduler process passes False: it must not initialize CUDA)."""
+        Token sizes are checked only when bytes_per_token is given; GPU memory only when known (CUDA) and
+        check_device (the scheduler process passes False: it must not initialize CUDA). Where GPU memory is
+        not known here, VRAM is still bounded by max(host memory, MAX_GPU_BYTES): no allocator of either
+        process is ever asked for an absurd number of slots."""
         host_bytes = host_memory_bytes() if host_bytes is None else host_bytes
         if device_bytes is None and check_device:
             device_bytes = device_memory_bytes()
+        vram_bound, vram_what = device_bytes, "GPU memory"
+        if device_bytes is None and host_bytes is not None:  # the GPU is not visible from this process
+            vram_bound, vram_what = max(host_bytes, MAX_GPU_BYTES), "memory on any GPU or this host"
         for key, size, have, what in (
             ("tiers.dram", self.tiers.dram, host_bytes, "host memory"),
-            ("tiers.vram", self.tiers.vram, device_bytes, "GPU memory"),
+            ("tiers.vram", self.tiers.vram, vram_bound, vram_what),
         ):
             if have is None or (size.tokens is not None and bytes_per_token is None):
                 continue
             asked = size.to_bytes(bytes_per_token)
             if asked > have:
+                has = f"this machine has {format_bytes(have)} ({have:,} bytes) of {what}"
+                if what != "GPU memory" and key == "tiers.vram":
+                    has = f"no GPU has more than {format_bytes(have)}, nor this host"
                 raise ConfigError(
-                    f"{key}: {size} asks for {format_bytes(asked)} ({asked:,} bytes) but this machine has "
-                    f"{format_bytes(have)} ({have:,} bytes) of {what} ({self.source}); lower {key}"
+                    f"{key}: {size} asks for {format_bytes(asked)} ({asked:,} bytes) but {has} "
+                    f"({self.source}); lower {key}"
                 )
+
+    def check_blocks(self, capacity: Mapping[str, int], layout) -> None:
+        """ConfigError when a tier holds no whole block of `layout` (a tiercache.layout.BlockLayout): VRAM
+        needs one block at least, DRAM one block or exactly 0 (no DRAM tier). `capacity` is what
+        tier_capacities(self, layout) computed; the message names the minimum in bytes and tokens."""
+        for tier, size, per_block in (
+            ("vram", self.tiers.vram, layout.block_bytes),
+            ("dram", self.tiers.dram, layout.dram_stride),
+        ):
+            off = tier == "dram" and (size.bytes == 0 or size.tokens == 0)
+            if capacity[tier] >= 1 or off:
+                continue
+            also = ", or 0 for no DRAM tier" if tier == "dram" else ""
+            raise ConfigError(
+                f"tiers.{tier}: {size} holds no whole block ({self.source}): one block of this model and "
+                f"codec is {layout.block_size} tokens = {per_block:,} bytes per rank; set tiers.{tier} to at "
+                f'least "{layout.block_size} tokens" or {per_block:,} bytes{also}'
+            )
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -206,12 +222,15 @@ def device_memory_bytes() -> int | None:
 
 
 def _expand_dotted(data: Any, source: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ConfigError(f"config ({source}) must be a mapping, got {data!r}")
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"config ({source}) must be a mapping such as {{codec: k8v4, tiers: {{vram: 4GiB}}}}, "
+            f"got {shown(data)}"
+        )
     out: dict[str, Any] = {}
     for key, value in data.items():
         if not isinstance(key, str):
-            raise ConfigError(f"config keys must be strings, got {key!r} ({source})")
+            raise ConfigError(f"config keys must be text, got {shown(key, 60)} ({source}); quote the key")
         if "." in key:
             head, rest = key.split(".", 1)
             value = {rest: value}
@@ -221,90 +240,6 @@ def _expand_dotted(data: Any, source: str) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-def _check_keys(data: dict[str, Any], valid: tuple[str, ...], prefix: str, source: str) -> None:
-    for key in data:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"unknown key {prefix + key!r} ({source}){hint} Valid keys here: {', '.join(valid)}"
-            )
-
-
-def _section(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
-    value = data.get(name) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{name}: got {value!r} ({source}); expected a mapping of {name} settings")
-    return value
-
-
-def _value(key: str, raw: Any, parse, forms: str, source: str):
-    try:
-        return parse(raw)
-    except ValueError:
-        raise ConfigError(f"{key}: got {raw!r} ({source}); expected {forms}") from None
-
-
-def _choice(key: str, raw: Any, valid: tuple[str, ...], source: str) -> str:
-    if raw not in valid:
-        close = difflib.get_close_matches(str(raw), valid, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}: got {raw!r} ({source}){hint}; expected one of: {', '.join(valid)}")
-    return raw
-
-
-def _socket(raw: Any, source: str) -> str:
-    if raw is False or raw is None:
-        return "off"
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError(f"inspect.socket: got {raw!r} ({source}); expected a unix socket path, auto or off")
-    return raw
-
-
-def _codec(raw: Any, source: str) -> KVCodecSpec:
-    if isinstance(raw, str):
-        if raw not in PRESETS:
-            close = difflib.get_close_matches(raw, PRESETS, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"codec: got {raw!r} ({source}){hint}; expected {_CODEC_FORMS}")
-        return KVCodecSpec.from_preset(raw)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"codec: got {raw!r} ({source}); expected {_CODEC_FORMS}")
-    _check_keys(raw, _CODEC_KEYS, "codec.", source)
-    for key in ("keys", "values"):
-        if key not in raw:
-            raise ConfigError(f"codec.{key}: missing ({source}); expected {_BITS_FORMS}")
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"codec.seed: got {seed!r} ({source}); expected a non-negative integer")
-    key_bits = _bits("codec.keys", raw["keys"], source)
-    value_bits = _bits("codec.values", raw["values"], source)
-    codebooks = {}
-    for side, bits in (("key", key_bits), ("value", value_bits)):
-        codebook = _choice(f"codec.{side}_codebook", raw.get(f"{side}_codebook", "lloyd"), CODEBOOKS, source)
-        if bits is None and codebook != "lloyd":
-            raise ConfigError(
-                f"codec.{side}_codebook: got {codebook!r} ({source}) but codec.{side}s is lossless (none), "
-                f"which has no codebook; drop codec.{side}_codebook or give codec.{side}s a bit width"
-            )
-        codebooks[f"{side}_codebook"] = codebook
-    return KVCodecSpec(
-        key_bits=key_bits,
-        value_bits=value_bits,
-        seed=seed,
-        rotation=_choice("codec.rotation", raw.get("rotation", "haar"), ROTATIONS, source),
-        **codebooks,
-    )
-
-
-def _bits(key: str, raw: Any, source: str) -> int | None:
-    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "raw", "lossless")):
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 8:
-        raise ConfigError(f"{key}: got {raw!r} ({source}); expected {_BITS_FORMS}")
-    return raw
 
 
 def _size_str(size: Size) -> str:

@@ -96,14 +96,17 @@ class BlockLayout:
 def tier_capacities(config, layout: BlockLayout) -> dict[str, int]:
     """{"vram": blocks, "dram": blocks} per rank for a TierCacheConfig and a per-rank BlockLayout. Sizes in
     tokens are whole blocks of block_size tokens; sizes in bytes hold floor(bytes / bytes per block) blocks
-    (a DRAM block takes its 64-byte-aligned stride)."""
+    (a DRAM block takes its 64-byte-aligned stride). A VRAM tier (or a DRAM tier other than 0) below one
+    block is a ConfigError."""
 
     def blocks(size, tier: str) -> int:
         if size.tokens is not None:
             return size.tokens // layout.block_size
         return layout.blocks_in(size.bytes, tier)
 
-    return {VRAM: blocks(config.tiers.vram, VRAM), DRAM: blocks(config.tiers.dram, DRAM)}
+    capacity = {VRAM: blocks(config.tiers.vram, VRAM), DRAM: blocks(config.tiers.dram, DRAM)}
+    config.check_blocks(capacity, layout)  # a tier below one block: a ConfigError naming the minimum
+    return capacity
 
 
 def _round_up(n: int, to: int) -> int:

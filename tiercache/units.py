@@ -7,14 +7,20 @@ Provides:
     parse_duration(value) -> float     "500ms", "2s", "1.5 min", "250us", 0.5 → seconds
     format_bytes(n) -> str             4294967296 → "4.00 GiB"
     Size                               frozen (bytes or tokens); .to_bytes(bytes_per_token)
+    MAX_COUNT (2^63 - 1), MAX_DURATION (1 day)   the largest size/token count and duration accepted
 
-Parsers raise ValueError with the accepted forms; config.py adds the key name.
+Parsers raise ValueError with the value (shortened: errors.shown) and the accepted forms; config.py adds the
+key name. Infinite, NaN, negative and out-of-range numbers are refused here, so no caller meets an
+OverflowError or a NaN later.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+
+from tiercache.errors import shown
 
 _BYTE_UNITS = {
     "": 1, "b": 1,
@@ -31,6 +37,8 @@ _TIME_RE = re.compile(rf"^{_NUMBER}\s*([a-zµ]*)$")
 BYTES_FORMS = '"4GiB", "512MiB", "1.5GB", or an integer number of bytes'
 SIZE_FORMS = BYTES_FORMS + ', or a token count such as "2M tokens"'
 DURATION_FORMS = '"500ms", "2s", "1min", "250us", or a number of seconds'
+MAX_COUNT = 2**63 - 1  # bytes or tokens: what an int64 holds
+MAX_DURATION = 86_400.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -58,17 +66,15 @@ class Size:
 
 def parse_bytes(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"expected a size such as {BYTES_FORMS}, got {value!r}")
+        raise ValueError(f"expected a size such as {BYTES_FORMS}, got {shown(value)}")
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        number, unit = value, ""
     else:
         match = _BYTES_RE.match(value.strip().lower())
         if not match or match.group(2) not in _BYTE_UNITS:
-            raise ValueError(f"expected a size such as {BYTES_FORMS}, got {value!r}")
+            raise ValueError(f"expected a size such as {BYTES_FORMS}, got {shown(value)}")
         number, unit = float(match.group(1)), match.group(2)
-    if number < 0:
-        raise ValueError(f"a size must not be negative, got {value!r}")
-    return int(number * _BYTE_UNITS[unit])
+    return _count(number, _BYTE_UNITS[unit], value, "size", "bytes")
 
 
 def parse_tokens(value: object) -> int | None:
@@ -78,8 +84,19 @@ def parse_tokens(value: object) -> int | None:
     if not match:
         return None
     if match.group(2) not in _COUNT_UNITS:
-        raise ValueError(f'expected a token count such as "2M tokens" or "500k tokens", got {value!r}')
-    return int(float(match.group(1)) * _COUNT_UNITS[match.group(2)])
+        raise ValueError(f'expected a token count such as "2M tokens" or "500k tokens", got {shown(value)}')
+    return _count(float(match.group(1)), _COUNT_UNITS[match.group(2)], value, "token count", "tokens")
+
+
+def _count(number: float, unit: int, value: object, what: str, units: str) -> int:
+    """number × unit as an int in 0..MAX_COUNT; ValueError naming the value otherwise (never Overflow)."""
+    if isinstance(number, float) and math.isnan(number):
+        raise ValueError(f"a {what} must be a number, got {shown(value)}")
+    if number < 0:
+        raise ValueError(f"a {what} must not be negative, got {shown(value)}")
+    if number * unit > MAX_COUNT:  # int × int is exact; float × int may be inf, compared without error
+        raise ValueError(f"a {what} must be at most {MAX_COUNT:,} {units} (int64), got {shown(value)}")
+    return int(number * unit)
 
 
 def parse_size(value: object) -> Size:
@@ -87,27 +104,35 @@ def parse_size(value: object) -> Size:
     if isinstance(value, str) and "token" in value.lower():
         tokens = parse_tokens(value)
         if tokens is None:
-            raise ValueError(f"expected a size such as {SIZE_FORMS}, got {value!r}")
+            raise ValueError(f"expected a size such as {SIZE_FORMS}, got {shown(value)}")
         return Size(tokens=tokens)
     try:
         return Size(bytes=parse_bytes(value))
-    except ValueError:
-        raise ValueError(f"expected a size such as {SIZE_FORMS}, got {value!r}") from None
+    except ValueError as exc:
+        if str(exc).startswith("expected"):
+            raise ValueError(f"expected a size such as {SIZE_FORMS}, got {shown(value)}") from None
+        raise ValueError(f"{exc}; expected a size such as {SIZE_FORMS}") from None
 
 
 def parse_duration(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"expected a duration such as {DURATION_FORMS}, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
+        raise ValueError(f"expected a duration such as {DURATION_FORMS}, got {shown(value)}")
+    if isinstance(value, int):
+        seconds = float(min(max(value, -(2**64)), 2**64))  # huge ints: out of range below, not Overflow
+    elif isinstance(value, float):
+        seconds = value
     else:
         match = _TIME_RE.match(value.strip().lower())
         unit = match.group(2) if match else None
         if not match or (unit and unit not in _TIME_UNITS):
-            raise ValueError(f"expected a duration such as {DURATION_FORMS}, got {value!r}")
+            raise ValueError(f"expected a duration such as {DURATION_FORMS}, got {shown(value)}")
         seconds = float(match.group(1)) * _TIME_UNITS[unit or "s"]
+    if math.isnan(seconds) or (isinstance(value, float) and math.isinf(value)):
+        raise ValueError(f"a duration must be a finite number, got {shown(value)}; expected {DURATION_FORMS}")
     if seconds < 0:
-        raise ValueError(f"a duration must not be negative, got {value!r}")
+        raise ValueError(f"a duration must not be negative, got {shown(value)}")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"a duration must be at most {MAX_DURATION:.0f}s (1 day), got {shown(value)}")
     return seconds
 
 

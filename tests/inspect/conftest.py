@@ -11,6 +11,7 @@ import pytest
 
 from tiercache.config import EvictionConfig
 from tiercache.inspect import InspectionService, InspectionState
+from tiercache.inspect.limits import ServiceLimits
 from tiercache.inspect.protocol import HEADER, MAX_RESPONSE_BYTES, pack_frame, recv_frame
 from tiercache.scheduler.manager import TierManager
 from tiercache.scheduler.policies import make_policy
@@ -85,7 +86,8 @@ def graph_run():
 
 @pytest.fixture
 def served(lru_run, short_dir):
-    service = InspectionService(lru_run.state, short_dir / "s.sock", read_timeout=0.5)
+    limits = ServiceLimits(request_timeout=0.5)
+    service = InspectionService(lru_run.state, short_dir / "s.sock", limits=limits)
     yield lru_run, service
     service.close()
 

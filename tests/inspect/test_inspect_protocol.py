@@ -13,6 +13,7 @@ import pytest
 from conftest import ask, ask_raw, raw
 
 from tiercache.inspect import InspectionService
+from tiercache.inspect.limits import ServiceLimits
 from tiercache.inspect.protocol import HEADER, MAX_REQUEST_BYTES, FrameBuffer, ProtocolError, pack_frame
 
 GOOD = {"v": 1, "method": "stats", "params": {}}
@@ -60,7 +61,7 @@ def test_wrong_types_get_error_replies_and_the_connection_stays_usable(served, r
         b"\x81\xa6method\xa5stats\xff",  # trailing garbage (extra data)
         b"\x81\xa3\xff\xfe\xfd\x01",  # invalid UTF-8 in a string
         b"\x81\x01\x02",  # an integer map key
-        b"\x91" * 200_000 + b"\xc0",  # nesting far deeper than the unpacker allows
+        b"\x91" * 2_000 + b"\xc0",  # nesting deeper than the unpacker allows
         b"",  # an empty body
     ],
 )
@@ -69,7 +70,7 @@ def test_bodies_that_are_not_msgpack_requests(served, body):
     with raw(service.path) as sock:
         reply = ask_raw(sock, body)
         assert reply["ok"] is False
-        assert "not valid msgpack" in reply["error"] or "must be a map" in reply["error"]
+        assert any(m in reply["error"] for m in ("not valid msgpack", "must be a map", "request too large"))
         assert "internal error" not in reply["error"]
         assert ask(sock, GOOD)["ok"] is True
 
@@ -118,9 +119,11 @@ def test_truncated_frames(served):
     _, service = served
     with raw(service.path) as sock:  # the client goes away mid-frame
         sock.sendall(HEADER.pack(100) + b"\x81" * 10)
-    with raw(service.path) as sock:  # the client stalls mid-frame: closed after read_timeout (0.5 s)
+    with raw(service.path) as sock:  # stalls mid-frame: an error reply, then closed (request_timeout 0.5 s)
         sock.sendall(HEADER.pack(100) + b"\x81" * 10)
         start = time.monotonic()
+        reply = msgpack.unpackb(_read_frame(sock))
+        assert reply["ok"] is False and "request not whole after 0.5s (14 bytes" in reply["error"]
         assert sock.recv(16) == b""
         assert time.monotonic() - start < 4
     with raw(service.path) as sock:  # a header split over several sends is fine
@@ -140,7 +143,8 @@ def test_pipelined_requests_are_answered_in_order(served):
 
 
 def test_too_many_connections(lru_run, short_dir):
-    with InspectionService(lru_run.state, short_dir / "m.sock", max_connections=2) as service:
+    limits = ServiceLimits(max_connections=2)
+    with InspectionService(lru_run.state, short_dir / "m.sock", limits=limits) as service:
         a, b = raw(service.path), raw(service.path)
         assert ask(a, GOOD)["ok"] and ask(b, GOOD)["ok"]
         with raw(service.path) as c:
@@ -155,6 +159,33 @@ def test_too_many_connections(lru_run, short_dir):
                 break
             time.sleep(0.05)
         assert reply["ok"] is True
+        b.close()
+
+
+def test_the_longest_idle_connection_makes_room(lru_run, short_dir):
+    limits = ServiceLimits(max_connections=2, evict_after=0.2)
+    with InspectionService(lru_run.state, short_dir / "m.sock", limits=limits) as service:
+        a, b = raw(service.path), raw(service.path)
+        assert ask(a, GOOD)["ok"] and ask(b, GOOD)["ok"]
+        time.sleep(0.3)
+        assert ask(b, GOOD)["ok"]  # b is active again: a is the longest idle
+        with raw(service.path) as c:
+            assert ask(c, GOOD)["ok"] is True
+        assert a.recv(16) == b""  # closed to make room; an InspectClient would reconnect on its next call
+        a.close()
+        b.close()
+
+
+def test_one_client_process_holds_a_few_connections(lru_run, short_dir):
+    limits = ServiceLimits(max_per_client=2)
+    with InspectionService(lru_run.state, short_dir / "m.sock", limits=limits) as service:
+        a, b = raw(service.path), raw(service.path)
+        assert ask(a, GOOD)["ok"] and ask(b, GOOD)["ok"]
+        with raw(service.path) as c:
+            reply = msgpack.unpackb(_read_frame(c))
+        assert reply["ok"] is False and "too many inspection connections from process" in reply["error"]
+        assert "reuse one" in reply["error"]
+        a.close()
         b.close()
 
 

@@ -284,9 +284,10 @@ def test_wiring_as_documented_for_the_connector(short_dir):
 
 def test_peers_of_another_user_are_refused(served, monkeypatch):
     _, service = served
-    from tiercache.inspect import server
+    from tiercache.inspect import listener
 
-    monkeypatch.setattr(server, "_peer_uid", lambda sock: os.getuid() + 4242)  # someone else, not root
+    someone = (1, os.getuid() + 4242)  # another user, not root
+    monkeypatch.setattr(listener, "peer_creds", lambda sock: someone)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     sock.connect(str(service.path))

@@ -6,6 +6,7 @@ Provides:
         .explain(block_hash) -> Explanation   .blocks(tier=None, limit=100) -> tuple[BlockRecord]
     InspectionState      counters + recent decisions, published as immutable snapshots      (state.py)
     InspectionService    a daemon thread serving a state on a Unix socket, mode 0600         (server.py)
+    ServiceLimits        what the service may take from the engine and give each client    (limits.py)
     Stats, TierStats, TTFTStats, Decision, BlockRecord, Explanation   typed frozen results  (results.py)
     InspectError         every client-side failure, with what to do                         (protocol.py)
     `tiercache inspect`  the CLI (cli.py); the wire format is in protocol.py
@@ -36,12 +37,18 @@ directory's `latest` file names it; `connect()` and `tiercache inspect` find it 
 Threads: the server thread reads only published snapshots (immutable), except `explain`, which point-reads
 one block of the manager's view and one block of the graph (under the graph's lock, with a 50 ms timeout).
 The scheduler never waits on the service, except for the microseconds an explain holds the graph's lock.
+The service cannot starve the scheduler it shares a GIL with: every request is bounded before any work,
+the service thread's CPU time is capped at a small share of wall time (3 %), clients are served fairly
+(cheapest first), idle connections close after 5 s and a frame must arrive whole within 2 s
+(ServiceLimits; benchmarks/inspect_attack.py measures it). The client checks every reply, and its timeout
+bounds each whole request.
 In one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state directly: same
 methods, same types; called from the scheduler's own thread it publishes first, so nothing recorded is
 missed.
 """
 
 from tiercache.inspect.client import InspectClient, connect
+from tiercache.inspect.limits import ServiceLimits
 from tiercache.inspect.protocol import InspectError
 from tiercache.inspect.results import BlockRecord, Decision, Explanation, Stats, TierStats, TTFTStats
 from tiercache.inspect.server import InspectionService
@@ -55,6 +62,7 @@ __all__ = [
     "InspectError",
     "InspectionService",
     "InspectionState",
+    "ServiceLimits",
     "Snapshot",
     "Stats",
     "TTFTStats",

@@ -4,8 +4,8 @@
     tiercache inspect --list [--json]     the live sockets (one engine each), newest first
 
 Without --socket it finds the newest live socket (see tiercache.inspect.paths). --json prints the same
-content as one JSON object (block hashes as hex). Exit status 1 with a message saying what to do when no
-service answers.
+content as one JSON object (block hashes as hex). Exit status 1 with one line saying what to do when no
+service answers, or answers something malformed; never a traceback (exit 130 on Ctrl-C).
 """
 
 from __future__ import annotations
@@ -24,30 +24,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=_count, default=0, metavar="N", help="most recently used blocks (0)")
     parser.add_argument("--explain", metavar="HASH", help="why a block is where it is (hex, or a prefix)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per request (5)")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=5.0, metavar="S", help="seconds for each whole request (5)"
+    )
     parser.add_argument("--list", action="store_true", help="list the live inspection sockets and exit")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiercache.inspect import InspectError, connect
+    from tiercache.inspect import InspectError
 
-    if args.list:
-        return _list(args)
     try:
-        with connect(args.socket, timeout=args.timeout) as client:
-            report = {"where": client.where, "stats": client.stats()}
-            report["decisions"] = client.decisions(args.decisions) if args.decisions else ()
-            report["blocks"] = client.blocks(limit=args.blocks) if args.blocks else ()
-            if args.explain:
-                report["explain"] = client.explain(args.explain)
+        return _list(args) if args.list else _report(args)
     except InspectError as exc:
-        print(f"tiercache inspect: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(_plain(report), indent=2))
-    else:
-        print(render(report))
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line, as promised; a bug is still named
+        return _fail(f"unexpected {type(exc).__name__}: {exc}; please report it (tiercache inspect --json …)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tiercache.inspect import connect
+
+    with connect(args.socket, timeout=args.timeout) as client:
+        report = {"where": client.where, "stats": client.stats()}
+        report["decisions"] = client.decisions(args.decisions) if args.decisions else ()
+        report["blocks"] = client.blocks(limit=args.blocks) if args.blocks else ()
+        if args.explain:
+            report["explain"] = client.explain(args.explain)
+    print(json.dumps(_plain(report), indent=2) if args.json else render(report))
     return 0
+
+
+def _fail(message: str) -> int:
+    text = " ".join(message.split())
+    print(f"tiercache inspect: {text if len(text) <= 1000 else text[:999] + '…'}", file=sys.stderr)
+    return 1
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -194,7 +206,20 @@ def _plain(value: Any) -> Any:
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a count ≥ 0, got {text}")
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"expected a count 0..1000, got {text[:40]}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds, more than 0 and at most 3600, got {text[:40]}")
     return value

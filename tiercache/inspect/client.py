@@ -13,7 +13,10 @@ Provides:
         explain(block_hash) -> Explanation      bytes, or hex (a unique prefix of a recent hash is enough)
         blocks(tier=None, limit=100) -> tuple[BlockRecord, ...]          most recently used first
         ping() -> dict, where (socket path or "in-process"), close(); a context manager
-Thread-safe (one request at a time per client). Over a socket, a dropped connection is retried once.
+Thread-safe (one request at a time per client). Over a socket, `timeout` bounds each whole request
+(connect, send, every byte of the reply), and a connection the server closed while idle (it closes idle
+ones after a few seconds) is reconnected once, within the same timeout. Replies are checked: anything
+malformed raises InspectError (results.py), never a TypeError or AttributeError.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from tiercache.errors import shown
 from tiercache.inspect import paths
 from tiercache.inspect.handlers import handle
 from tiercache.inspect.protocol import (
@@ -37,8 +43,17 @@ from tiercache.inspect.protocol import (
     recv_frame,
     send_frame,
     unpack_body,
+    unpack_request,
 )
-from tiercache.inspect.results import BlockRecord, Decision, Explanation, Stats, TierStats
+from tiercache.inspect.results import (
+    BlockRecord,
+    Decision,
+    Explanation,
+    Stats,
+    TierStats,
+    expect_list,
+    expect_map,
+)
 from tiercache.inspect.state import InspectionState, live_states
 
 
@@ -52,26 +67,43 @@ class SocketTransport:
         return str(self.path)
 
     def call(self, request: dict[str, Any]) -> Any:
+        deadline = time.monotonic() + self.timeout
         for attempt in (0, 1):
+            reused = self._sock is not None
             try:
-                sock = self._connect()
-                send_frame(sock, request, MAX_REQUEST_BYTES)
-                return recv_frame(sock, MAX_RESPONSE_BYTES)
+                sock = self._connect(deadline)
+                send_frame(sock, request, MAX_REQUEST_BYTES, deadline)
+                return recv_frame(sock, MAX_RESPONSE_BYTES, deadline)
+            except TimeoutError:
+                self.close()
+                raise InspectError(
+                    f"inspection request to {self.path} got no whole reply within {self.timeout:g}s; the "
+                    "engine may be busy: retry, or raise the timeout (connect(timeout=…), inspect --timeout)"
+                ) from None
             except (OSError, ProtocolError) as exc:
                 self.close()
-                if attempt or isinstance(exc, socket.timeout | ProtocolError):
+                if attempt or not (reused and _closed_by_peer(exc)):
                     raise InspectError(
-                        f"inspection request to {self.path} failed ({exc}); is the engine still running? "
-                        "Check the socket path (tiercache inspect --socket PATH)"
+                        f"inspection request to {self.path} failed ({shown(str(exc), 200)}); is the engine "
+                        "still running? Check the socket path (tiercache inspect --socket PATH)"
                     ) from None
         raise AssertionError("unreachable")
 
-    def _connect(self) -> socket.socket:
+    def _connect(self, deadline: float) -> socket.socket:
+        """A blocking connect bounded by SO_SNDTIMEO: while the service's listen backlog is full (it is busy),
+        the kernel queues this connect until there is room or the deadline passes (a connect with a Python
+        timeout would fail at once with EAGAIN)."""
         if self._sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
             try:
+                left = max(deadline - time.monotonic(), 1e-3)
+                sock.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(left), int(left % 1 * 1e6))
+                )
                 sock.connect(str(self.path))
+            except BlockingIOError:
+                sock.close()
+                raise TimeoutError("connect timed out: the service's backlog stayed full") from None
             except OSError:
                 sock.close()
                 raise
@@ -83,6 +115,19 @@ class SocketTransport:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+
+
+def _clip(text: str, limit: int = 1000) -> str:
+    """A server's error text as one line of at most `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _closed_by_peer(exc: BaseException) -> bool:
+    """The server closed the connection before any byte of the reply (an idle one): worth one reconnect."""
+    if isinstance(exc, BrokenPipeError | ConnectionResetError):
+        return True
+    return isinstance(exc, ProtocolError) and "closed after 0 of 4 bytes" in str(exc)
 
 
 class LocalTransport:
@@ -100,7 +145,7 @@ class LocalTransport:
         if state.view is not None and state.owner_thread == threading.get_ident():
             state.publish(state.view, force=True)
         body = pack_frame(request, MAX_REQUEST_BYTES)[4:]
-        reply = handle(state, unpack_body(body))
+        reply = handle(state, unpack_request(body))  # the socket's bounds, so both answer alike
         return unpack_body(pack_frame(reply, MAX_RESPONSE_BYTES)[4:])
 
     def close(self) -> None:
@@ -120,30 +165,49 @@ class InspectClient:
         request = {"v": PROTOCOL_VERSION, "method": method, "params": params}
         with self._lock:
             reply = self._transport.call(request)
-        if not isinstance(reply, dict) or "ok" not in reply:
-            raise InspectError(f"{self.where}: malformed reply {reply!r}; is this a tiercache socket?")
-        if not reply["ok"]:
-            raise InspectError(f"{self.where}: {method}: {reply.get('error')}")
-        return reply["result"]
+        ok = reply.get("ok") if isinstance(reply, dict) else None
+        if ok is True and "result" in reply:
+            return reply["result"]
+        if ok is False and isinstance(reply.get("error"), str):
+            raise InspectError(f"{self.where}: {method}: {_clip(reply['error'])}")
+        raise InspectError(
+            f"{self.where}: malformed reply to {method} ({shown(reply, 120)}); is this a tiercache socket of "
+            "the same version?"
+        )
+
+    def _parsed(self, method: str, parse, **params: Any):
+        """parse(result); a reply of the wrong shape → InspectError (results.py checks every field)."""
+        result = self._call(method, **params)
+        try:
+            return parse(result)
+        except InspectError as exc:
+            raise InspectError(f"{self.where}: {method}: {exc}") from None
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a safety net behind the checks
+            raise InspectError(
+                f"{self.where}: {method}: malformed reply ({type(exc).__name__}: {shown(str(exc), 120)}); is "
+                "this a tiercache socket of the same version?"
+            ) from None
 
     def ping(self) -> dict[str, Any]:
-        return self._call("ping")
+        return self._parsed("ping", lambda r: dict(expect_map(r, "ping")))
 
     def stats(self) -> Stats:
-        return Stats.from_dict(self._call("stats"))
+        return self._parsed("stats", Stats.from_dict)
 
     def tiers(self) -> tuple[TierStats, ...]:
-        return tuple(TierStats.from_dict(t) for t in self._call("tiers"))
+        return self._parsed("tiers", lambda r: tuple(map(TierStats.from_dict, expect_list(r, "tiers"))))
 
     def decisions(self, limit: int = 50, kinds: list[str] | None = None) -> tuple[Decision, ...]:
-        rows = self._call("decisions", limit=limit, kinds=list(kinds) if kinds is not None else None)
-        return tuple(Decision.from_dict(d) for d in rows)
+        kinds = list(kinds) if kinds is not None else None
+        rows = lambda r: tuple(map(Decision.from_dict, expect_list(r, "decisions")))
+        return self._parsed("decisions", rows, limit=limit, kinds=kinds)
 
     def explain(self, block_hash: bytes | str) -> Explanation:
-        return Explanation.from_dict(self._call("explain", block_hash=block_hash))
+        return self._parsed("explain", Explanation.from_dict, block_hash=block_hash)
 
     def blocks(self, tier: str | None = None, limit: int = 100) -> tuple[BlockRecord, ...]:
-        return tuple(BlockRecord.from_dict(b) for b in self._call("blocks", tier=tier, limit=limit))
+        rows = lambda r: tuple(map(BlockRecord.from_dict, expect_list(r, "blocks")))
+        return self._parsed("blocks", rows, tier=tier, limit=limit)
 
     def close(self) -> None:
         self._transport.close()

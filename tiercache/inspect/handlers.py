@@ -3,11 +3,16 @@
 Provides:
     METHODS                              name → handler(state, params) -> result (plain, msgpack-able data)
     handle(state, request) -> dict       {"ok": True, "result": …} or {"ok": False, "error": "…"}; no raise
+    MAX_LIMIT (1000), MAX_FILTER (16), MAX_HASH_BYTES (64)   bounds of `limit`, of a `kinds` filter and of
+                                         a block hash, checked before any work
 
 Every answer except `explain` comes from the state's published Snapshot (immutable). `explain` also does
 point reads of live state (see explain.py): one block of the manager's view (read without a lock: a block
 moving at that instant may show fields from adjacent steps) and one block's graph counters under the
-graph's own lock.
+graph's own lock. Work per request is bounded: parameters are checked (sizes first) before anything is
+read, results hold at most MAX_LIMIT rows, and a long result is built in slices of SLICE rows with the GIL
+let go between them, so that the scheduler thread never waits for more than a slice.
+Error messages quote a request's values shortened (errors.shown), whatever their size or nesting.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from tiercache.errors import shown
 from tiercache.inspect.explain import explain
 from tiercache.inspect.protocol import PROTOCOL_VERSION
 from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
@@ -24,7 +31,10 @@ from tiercache.inspect.state import DECISION_KINDS, InspectionState, Snapshot
 from tiercache.wire import TIERS
 
 logger = logging.getLogger(__name__)
-MAX_LIMIT = 100_000
+MAX_LIMIT = 1000
+MAX_FILTER = 16
+MAX_HASH_BYTES = 64
+SLICE = 64
 
 
 def handle(state: InspectionState, request: Any) -> dict[str, Any]:
@@ -36,16 +46,17 @@ def handle(state: InspectionState, request: Any) -> dict[str, Any]:
         version = request.get("v", PROTOCOL_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):
             wanted = f"protocol version {PROTOCOL_VERSION} (an integer)"
-            raise RequestError(f"v: expected {wanted}, got {version!r}")
+            raise RequestError(f"v: expected {wanted}, got {shown(version, 60)}")
         if version > PROTOCOL_VERSION:
             raise RequestError(
-                f"protocol version {version!r} is newer than this server's ({PROTOCOL_VERSION}); use the "
-                "tiercache version of the engine's environment to inspect it"
+                f"protocol version {shown(version, 60)} is newer than this server's ({PROTOCOL_VERSION}); "
+                "use the tiercache version of the engine's environment to inspect it"
             )
         method = request.get("method")
         handler = METHODS.get(method) if isinstance(method, str) else None
         if handler is None:
-            raise RequestError(f"unknown method {method!r}; valid methods: {', '.join(sorted(METHODS))}")
+            valid = ", ".join(sorted(METHODS))
+            raise RequestError(f"unknown method {shown(method, 60)}; valid methods: {valid}")
         params = request.get("params", {})
         if params is None:
             params = {}
@@ -55,8 +66,9 @@ def handle(state: InspectionState, request: Any) -> dict[str, Any]:
     except RequestError as exc:
         return {"ok": False, "error": str(exc)}
     except Exception as exc:  # a bug here must not take the service (or the scheduler) down
-        logger.exception("tiercache inspect: request %.200r failed", request)
-        return {"ok": False, "error": f"internal error ({type(exc).__name__}: {exc}); please report it"}
+        logger.exception("tiercache inspect: request %s failed", shown(request))
+        error = f"internal error ({type(exc).__name__}: {shown(str(exc), 120)}); please report it"
+        return {"ok": False, "error": error}
 
 
 def _snapshot(state: InspectionState) -> Snapshot:
@@ -74,15 +86,39 @@ def _int(params: dict, key: str, default: int, lo: int = 0, hi: int = MAX_LIMIT)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise RequestError(f"{key}: expected an integer {lo}..{hi}, got {value!r}")
+        raise RequestError(f"{key}: expected an integer {lo}..{hi}, got {shown(value, 60)}")
     return value
 
 
 def _tier(params: dict) -> str | None:
     tier = params.get("tier")
-    if tier is not None and tier not in TIERS:
-        raise RequestError(f"tier: expected one of {', '.join(TIERS)} (or none for all), got {tier!r}")
+    if tier is not None and (not isinstance(tier, str) or tier not in TIERS):
+        valid = ", ".join(TIERS)
+        raise RequestError(f"tier: expected one of {valid} (or none for all), got {shown(tier, 60)}")
     return tier
+
+
+def _kinds(params: dict) -> frozenset[str] | None:
+    kinds = params.get("kinds")
+    if kinds is None:
+        return None
+    sized = isinstance(kinds, list) and len(kinds) <= MAX_FILTER  # the size first: no work on a long one
+    if not sized or not all(isinstance(k, str) and k in DECISION_KINDS for k in kinds):
+        expected = f"a list of at most {MAX_FILTER} of {', '.join(DECISION_KINDS)}"
+        raise RequestError(f"kinds: expected {expected}, got {shown(kinds, 80)}")
+    return frozenset(kinds)
+
+
+def _sliced(items: Iterable, convert: Callable[[Any], Any], limit: int) -> list:
+    """convert() of up to `limit` items, letting the GIL go every SLICE rows (time.sleep(0))."""
+    out = []
+    for item in items:
+        if len(out) >= limit:
+            break
+        out.append(convert(item))
+        if len(out) % SLICE == 0:
+            time.sleep(0)
+    return out
 
 
 # ---------------------------------------------------------------------- methods
@@ -151,44 +187,37 @@ def _stats(state: InspectionState, params: dict) -> dict[str, Any]:
 
 
 def _decisions(state: InspectionState, params: dict) -> list[dict[str, Any]]:
+    limit, kinds = _int(params, "limit", 50), _kinds(params)
     snap = _snapshot(state)
-    limit = _int(params, "limit", 50)
-    kinds = params.get("kinds")
-    if kinds is not None and (
-        not isinstance(kinds, list) or not all(isinstance(k, str) and k in DECISION_KINDS for k in kinds)
-    ):
-        raise RequestError(f"kinds: expected a list of {', '.join(DECISION_KINDS)}, got {kinds!r}")
-    out = []
-    for e in reversed(snap.decisions):
-        if len(out) >= limit:
-            break
-        if kinds is None or e.kind in kinds:
-            out.append(decision_dict(e, snap))
-    return out
+    rows = (e for e in reversed(snap.decisions) if kinds is None or e.kind in kinds)
+    return _sliced(rows, lambda e: decision_dict(e, snap), limit)
 
 
 def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
-    snap = _snapshot(state)
     tier, limit = _tier(params), _int(params, "limit", 100)
+    snap = _snapshot(state)
     blocks = [b for t in TIERS if tier in (None, t) for b in snap.blocks[t]]
     blocks.sort(key=lambda b: -b.last_access)
-    return [block_dict(b, snap) for b in blocks[:limit]]
+    return _sliced(blocks, lambda b: block_dict(b, snap), limit)
 
 
 def _explain(state: InspectionState, params: dict) -> dict[str, Any]:
-    snap = _snapshot(state)
-    return explain(state.view, snap, _block_hash(params.get("block_hash")))
+    key = _block_hash(params.get("block_hash"))
+    return explain(state.view, _snapshot(state), key)
 
 
 def _block_hash(raw: Any) -> bytes | str:
     """bytes as given; a str as hex (possibly a prefix, resolved by explain)."""
-    if isinstance(raw, bytes) and raw:
+    if isinstance(raw, bytes) and 0 < len(raw) <= MAX_HASH_BYTES:
         return raw
-    if isinstance(raw, str):
+    if isinstance(raw, str) and len(raw) <= 2 * MAX_HASH_BYTES + 4:
         text = raw.strip().lower().removeprefix("0x")
         if text and all(ch in "0123456789abcdef" for ch in text):
             return text
-    raise RequestError(f"block_hash: expected bytes or a hex string (a prefix is fine), got {raw!r}")
+    raise RequestError(
+        f"block_hash: expected bytes or a hex string of at most {MAX_HASH_BYTES} bytes (a prefix is fine), "
+        f"got {shown(raw, 80)}"
+    )
 
 
 METHODS = {

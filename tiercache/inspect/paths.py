@@ -4,10 +4,14 @@ Provides:
     SOCKET_ENV = "TIERCACHE_INSPECT_SOCKET"   a socket path the client uses when none is passed
     socket_dirs() -> list[Path]               $XDG_RUNTIME_DIR/tiercache (when set), /tmp/tiercache-$UID
     auto_socket_path() -> Path                <first usable dir>/tiercache-<pid>.sock (dir created 0700;
-                                              tiercache-<pid>-<k>.sock for a second service in one process)
+                                              tiercache-<pid>-<k>.sock for a second service in one process);
+                                              first removes the socket files of dead processes there
     listening(path) -> bool                   a server accepts connections there
     private_dir(path) -> Path                 create/check a directory only this user can use
-    write_pointer(sock_path) / clear_pointer(sock_path)   the dir's `latest` file names the newest socket
+    write_pointer(sock_path) / clear_pointer(sock_path)   the dir's `latest` file names the newest socket;
+                                              written to a fresh file (O_EXCL: never through a symlink) in
+                                              the private directory, then renamed over `latest`; read with
+                                              O_NOFOLLOW
     discover() -> Path | None                 $TIERCACHE_INSPECT_SOCKET, else each dir's `latest` if its
                                               process is alive, else its newest live tiercache-<pid>.sock
     live_sockets() -> list[Path]              every live socket there, newest first (tiercache inspect --list)
@@ -63,6 +67,7 @@ def auto_socket_path() -> Path:
         except (OSError, InspectError) as exc:
             errors.append(str(exc))
             continue
+        _sweep(directory)
         for k in range(1000):
             path = directory / (
                 f"tiercache-{os.getpid()}.sock" if k == 0 else f"tiercache-{os.getpid()}-{k}.sock"
@@ -102,19 +107,47 @@ def check_socket_path(path: Path) -> None:
 
 
 def write_pointer(sock_path: Path) -> None:
-    pointer = sock_path.parent / POINTER
-    tmp = pointer.with_name(f".{POINTER}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(sock_path) + "\n")
-    os.replace(tmp, pointer)
+    """mkstemp creates a new file (O_CREAT | O_EXCL, mode 0600: a symlink planted there makes it fail, it is
+    never followed), and rename replaces `latest` itself, whatever it was, never what it points to."""
+    directory = private_dir(sock_path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(str(sock_path) + "\n")
+        os.replace(tmp, directory / POINTER)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def clear_pointer(sock_path: Path) -> None:
     pointer = sock_path.parent / POINTER
     with contextlib.suppress(OSError):
-        if pointer.read_text().strip() == str(sock_path):
+        if _read_pointer(pointer) == str(sock_path):
             pointer.unlink()
+
+
+def _read_pointer(pointer: Path) -> str:
+    """The pointer's text, not following a symlink (OSError for one), at most 4 KiB."""
+    fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+
+
+def _sweep(directory: Path) -> None:
+    """Remove socket files of processes that are gone (a crash, SIGKILL): nobody can connect to them."""
+    for path in directory.glob("tiercache-*.sock"):
+        match = _SOCKET_NAME.search(path.name)
+        with contextlib.suppress(OSError):
+            if match and not _pid_alive(int(match.group(1))) and stat.S_ISSOCK(os.lstat(path).st_mode):
+                path.unlink()
+    with contextlib.suppress(OSError):
+        target = Path(_read_pointer(directory / POINTER))
+        if target.parent == directory and not target.exists():
+            (directory / POINTER).unlink()
 
 
 def discover() -> Path | None:
@@ -142,7 +175,7 @@ def _in_dir(directory: Path) -> Path | None:
     if not _own_dir(directory):
         return None  # someone else's directory: never follow it
     with contextlib.suppress(OSError):
-        path = Path((directory / POINTER).read_text().strip())
+        path = Path(_read_pointer(directory / POINTER))
         if path.parent == directory and _alive_socket(path):
             return path
     live = [p for p in directory.glob("tiercache-*.sock") if _alive_socket(p)]

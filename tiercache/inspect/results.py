@@ -7,27 +7,101 @@ Provides:
     Decision       one eviction / drop / warm / failed move, with reason, policy, score and components
     BlockRecord    one stored block: tier, slot, hits, ages, in-flight state
     Explanation    explain(): the block now, its score components, recent decisions about it, a summary
-Unknown keys in a reply are ignored (a newer server stays readable by an older client).
+    expect_map(value, what) / expect_list(value, what)   a reply's container, or InspectError
+Every from_dict checks what it reads against the field's type (int, float, str, bytes, bool, optional,
+Mapping[str, …] of plain values nested at most MAX_NESTING deep): a malformed reply raises InspectError
+naming the field and the value (shortened), never a TypeError or AttributeError. Unknown keys in a reply
+are ignored (a newer server stays readable by an older client).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from tiercache.errors import shown
+from tiercache.inspect.protocol import InspectError
 
-def _build(cls, data: Mapping[str, Any], **override):
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: v for k, v in data.items() if k in names}
-    kwargs.update(override)
+MAX_NESTING = 4
+_HINT = "is the server a tiercache of the same version?"
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bytes": lambda v: isinstance(v, bytes),
+    "bool": lambda v: isinstance(v, bool),
+    "Any": lambda v: _plain(v, MAX_NESTING),
+}
+
+
+def expect_map(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InspectError(f"malformed reply: {what} should be a map, got {shown(value, 80)}; {_HINT}")
+    return value
+
+
+def expect_list(value: Any, what: str) -> list:
+    if not isinstance(value, list | tuple):
+        raise InspectError(f"malformed reply: {what} should be a list, got {shown(value, 80)}; {_HINT}")
+    return list(value)
+
+
+def _build(cls, data: Any, **override):
+    """cls(**checked fields of data); `override` gives the fields built by a nested from_dict."""
+    data = expect_map(data, cls.__name__)
+    kwargs = dict(override)
+    for name, (check, required) in _schema(cls).items():
+        if name in override:
+            continue
+        if name not in data:
+            if required:
+                raise InspectError(f"malformed reply: {cls.__name__}.{name} is missing; {_HINT}")
+            continue
+        value = data[name]
+        if check is not None and not check(value):
+            kind = next(f.type for f in dataclasses.fields(cls) if f.name == name)
+            raise InspectError(
+                f"malformed reply: {cls.__name__}.{name} should be {kind}, got {shown(value, 80)}; {_HINT}"
+            )
+        kwargs[name] = MappingProxyType(dict(value)) if isinstance(value, Mapping) else value
     return cls(**kwargs)
 
 
-def _frozen_map(value: Mapping | None) -> Mapping:
-    return MappingProxyType(dict(value or {}))
+@functools.cache
+def _schema(cls) -> dict[str, tuple[Callable[[Any], bool] | None, bool]]:
+    """field → (check of its value or None for nested results, required)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out[f.name] = (_checker(str(f.type)), required)
+    return out
+
+
+def _checker(annotation: str) -> Callable[[Any], bool] | None:
+    if annotation.endswith(" | None"):
+        inner = _checker(annotation.removesuffix(" | None"))
+        return None if inner is None else lambda v: v is None or inner(v)
+    if annotation.startswith("Mapping[str, ") and annotation[13:-1] in _SCALARS:
+        ok = _SCALARS[annotation[13:-1]]
+        return lambda v: isinstance(v, Mapping) and all(isinstance(k, str) and ok(x) for k, x in v.items())
+    return _SCALARS.get(annotation)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """msgpack-able plain data nested at most `depth` deep (what the CLI's --json can print safely)."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(value, list | tuple):
+        return all(_plain(v, depth - 1) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _plain(v, depth - 1) for k, v in value.items())
+    return False
 
 
 @dataclass(frozen=True)
@@ -96,15 +170,14 @@ class Stats:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Stats:
-        ttft = data.get("ttft") or {}
+        data = expect_map(data, "Stats")
+        ttft = expect_map(data.get("ttft") or {}, "Stats.ttft")
         return _build(
             cls,
             data,
-            hits_by_tier=_frozen_map(data.get("hits_by_tier")),
-            evictions_by_policy=_frozen_map(data.get("evictions_by_policy")),
             ttft_hit=TTFTStats.from_dict(ttft.get("hit")),
             ttft_miss=TTFTStats.from_dict(ttft.get("miss")),
-            tiers=tuple(TierStats.from_dict(t) for t in data.get("tiers", ())),
+            tiers=tuple(TierStats.from_dict(t) for t in expect_list(data.get("tiers", ()), "Stats.tiers")),
         )
 
     def tier(self, name: str) -> TierStats:
@@ -134,7 +207,7 @@ class Decision:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
-        return _build(cls, data, components=_frozen_map(data.get("components")))
+        return _build(cls, data)
 
     @property
     def action(self) -> str:
@@ -179,15 +252,14 @@ class Explanation:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Explanation:
+        data = expect_map(data, "Explanation")
         block = data.get("block")
-        graph = data.get("graph")
+        decisions = expect_list(data.get("decisions", ()), "Explanation.decisions")
         return _build(
             cls,
             data,
             block=None if block is None else BlockRecord.from_dict(block),
-            components=_frozen_map(data.get("components")),
-            graph=None if graph is None else _frozen_map(graph),
-            decisions=tuple(Decision.from_dict(d) for d in data.get("decisions", ())),
+            decisions=tuple(Decision.from_dict(d) for d in decisions),
         )
 
     def __str__(self) -> str:

@@ -1,17 +1,24 @@
 """The inspection service: a daemon thread serving an InspectionState on a Unix-domain socket (mode 0600).
 
 Provides:
-    InspectionService.start(inspect_config, state) -> InspectionService | None   None when socket is "off";
-        "auto" → a per-process path (see paths.py) plus the directory's `latest` pointer for clients
-    InspectionService(state, path)  .path, .close() (stops the thread, removes the socket and pointer)
+    InspectionService.start(inspect_config, state, limits=None) -> InspectionService | None   None when the
+        socket is "off"; "auto" → a per-process path (see paths.py) plus the directory's `latest` pointer
+    InspectionService(state, path, *, pointer=False, limits=ServiceLimits())
+        .path, .limits, .running, .close() (stops the thread, removes the socket and pointer; also run at
+        exit, by atexit and by multiprocessing's exit hook, so a Ctrl-C'd or forked engine leaves no file)
 
-One thread, one selector: non-blocking sockets, per-connection buffers, no request ever waits for another
-connection or for the scheduler (answers come from the published snapshot; see handlers.py). Requests are
-answered in order. Peers of another user (SO_PEERCRED; root excepted) are refused. A bad request (not
-msgpack, wrong types, unknown method) gets an error reply and the connection stays usable; a length prefix
-over MAX_REQUEST_BYTES gets an error reply and the connection is closed (the stream cannot be
-resynchronized). A partial frame idle for `read_timeout` seconds, a connection
-idle for `idle_timeout`, and connections beyond `max_connections` are closed.
+It cannot starve the engine (limits.py): one thread, one selector, non-blocking sockets; each request is
+bounded before any work (protocol.py, handlers.py); the thread's CPU time is capped at a share of wall time;
+connections are served the cheapest first (fair queuing by the CPU time each has cost), one request each
+per turn. Answers come from the published snapshot, so no request waits for the scheduler, and the
+scheduler never waits for a request.
+
+Every malformed request gets an error reply: a bad body (not msgpack, too large, too deep, wrong types,
+unknown method) keeps the connection usable; a length prefix over MAX_REQUEST_BYTES, or a frame not whole
+within `request_timeout`, gets the error and then the close (the stream cannot be resynchronized). A
+connection idle for `idle_timeout` is closed silently (clients reconnect). Peers of another user
+(SO_PEERCRED; root excepted) are refused; one client process may hold `max_per_client` connections; when
+`max_connections` are open, the longest-idle one (or one sending a frame for `evict_after` s) makes room.
 """
 
 from __future__ import annotations
@@ -22,44 +29,22 @@ import logging
 import os
 import selectors
 import socket
-import stat
-import struct
-import tempfile
 import threading
 import time
+from multiprocessing import util as mp_util
 from pathlib import Path
 
+from tiercache.inspect import listener
+from tiercache.inspect.connection import Connection, encode_reply, make_room
 from tiercache.inspect.handlers import handle
-from tiercache.inspect.paths import (
-    auto_socket_path,
-    check_socket_path,
-    clear_pointer,
-    listening,
-    write_pointer,
-)
-from tiercache.inspect.protocol import (
-    MAX_REQUEST_BYTES,
-    MAX_RESPONSE_BYTES,
-    FrameBuffer,
-    InspectError,
-    ProtocolError,
-    pack_frame,
-    unpack_body,
-)
+from tiercache.inspect.limits import CpuBudget, ServiceLimits
+from tiercache.inspect.paths import auto_socket_path, clear_pointer, write_pointer
+from tiercache.inspect.protocol import MAX_RESPONSE_BYTES, ProtocolError, pack_frame, unpack_request
 from tiercache.inspect.state import InspectionState
 
 logger = logging.getLogger(__name__)
-
-
-class _Conn:
-    __slots__ = ("closing", "inbuf", "last", "outbuf", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.inbuf = FrameBuffer(MAX_REQUEST_BYTES)
-        self.outbuf = bytearray()
-        self.last = time.monotonic()
-        self.closing = False  # close once outbuf is flushed
+ACCEPT_BATCH = 16  # connections accepted per turn; the rest wait in the listen backlog
+_HINT = "send a msgpack map {'method': str, 'params': map}"
 
 
 class InspectionService:
@@ -69,21 +54,23 @@ class InspectionService:
         path: str | os.PathLike,
         *,
         pointer: bool = False,
-        max_connections: int = 32,
-        read_timeout: float = 10.0,
-        idle_timeout: float = 600.0,
+        limits: ServiceLimits | None = None,
     ) -> None:
         self.state = state
         self.path = Path(path)
-        self.max_connections = max_connections
-        self.read_timeout = read_timeout
-        self.idle_timeout = idle_timeout
+        self.limits = limits or ServiceLimits()
         self._pointer = pointer
         self._pid = os.getpid()
         self._stop = threading.Event()
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, Connection] = {}
+        self._ready: set[Connection] = set()  # a whole request buffered, nothing owed: no event needed
+        self._budget = CpuBudget(self.limits.cpu_share, self.limits.cpu_burst)
+        self._cpu_mark = 0.0
+        self._accept_cpu = 0.0  # CPU time spent accepting (its place in the fair order, like a connection's)
+        self._clock = 0.0  # fair clock: the least CPU time any ready client had cost (monotonic)
+        self._logged = 0.0
         self._sel = selectors.DefaultSelector()
-        self._listener = _listen(self.path)
+        self._listener = listener.listen(self.path)
         self._inode = os.stat(self.path).st_ino
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel.register(self._listener, selectors.EVENT_READ, "listen")
@@ -92,7 +79,8 @@ class InspectionService:
             write_pointer(self.path)
         self._thread = threading.Thread(target=self._serve, name="tiercache-inspect", daemon=True)
         self._thread.start()
-        atexit.register(self.close)
+        atexit.register(self.close)  # a normal exit, Ctrl-C included
+        self._finalizer = mp_util.Finalize(None, self.close, exitpriority=10)  # a multiprocessing child
         logger.info("tiercache: inspection service on %s (tiercache inspect --socket %s)", path, path)
 
     @classmethod
@@ -115,6 +103,7 @@ class InspectionService:
             return
         self._stop.set()
         atexit.unregister(self.close)
+        self._finalizer.cancel()
         if os.getpid() != self._pid:  # a forked child: the socket and its thread belong to the parent
             return
         with contextlib.suppress(OSError):
@@ -135,16 +124,20 @@ class InspectionService:
 
     # ----------------------------------------------------------------- server thread
     def _serve(self) -> None:
+        self._cpu_mark = time.thread_time()
         try:
             while not self._stop.is_set():
-                for key, mask in self._sel.select(timeout=1.0):
-                    if key.data == "listen":
-                        self._accept()
-                    elif key.data == "wake":
-                        self._wake_r.recv(64)
-                    else:
-                        self._service_safely(key.data, mask)
+                pause = self._budget.pause()
+                if pause > 0:  # over the CPU share: read, accept and answer nothing until it refills
+                    self._stop.wait(min(pause, 0.25))
+                    self._reap(time.monotonic())
+                    continue
+                events = self._sel.select(timeout=0 if self._ready else 0.25)
+                busy = self._turn(events)
                 self._reap(time.monotonic())
+                self._spend()
+                if busy:
+                    self._stop.wait(self.limits.tick)  # gather the next events: fewer, larger turns
         except Exception:  # pragma: no cover - the loop itself failing is a bug; say so, once
             logger.exception("tiercache: inspection service stopped")
         finally:
@@ -155,153 +148,155 @@ class InspectionService:
                     s.close()
             self._sel.close()
 
-    def _accept(self) -> None:
-        try:
-            sock, _ = self._listener.accept()
-        except OSError:
-            return
-        if not _peer_allowed(sock):
-            sock.close()
-            return
-        sock.setblocking(False)
-        conn = _Conn(sock)
-        if len(self._conns) >= self.max_connections:
-            msg = f"too many inspection clients ({self.max_connections}); close some and retry"
-            conn.outbuf += pack_frame({"ok": False, "error": msg}, MAX_RESPONSE_BYTES)
-            conn.closing = True
-        self._conns[sock.fileno()] = conn
-        self._sel.register(sock, self._mask(conn), conn)
+    def _spend(self) -> float:
+        """Charge the CPU time used since the last call to the budget; return it."""
+        now = time.thread_time()
+        spent, self._cpu_mark = now - self._cpu_mark, now
+        self._budget.charge(spent)
+        return spent
 
-    def _service_safely(self, conn: _Conn, mask: int) -> None:
+    def _turn(self, events) -> bool:
+        """One request at most per connection, and one batch of accepts, the one that has cost the least CPU
+        first (fair queuing: a client of cheap requests is not kept waiting by one of heavy requests, and new
+        connections wait their turn like the requests of open ones), while the budget lasts."""
+        ready = {conn: 0 for conn in self._ready}
+        self._ready.clear()
+        for key, mask in events:
+            if key.data == "wake":
+                self._wake_r.recv(64)
+            else:
+                ready[key.data] = ready.get(key.data, 0) | mask
+        cost = lambda c: self._accept_cpu if c == "listen" else c.cpu
+        order = sorted(ready, key=cost)
+        if order:  # the fair clock: the least any ready client has cost (it never goes back)
+            self._clock = max(self._clock, cost(order[0]))
+        floor = self._clock - self.limits.cpu_burst  # back from idle: a burst's credit, no more
+        for i, conn in enumerate(order):
+            if self._budget.pause() > 0:
+                self._ready.update(c for c in order[i:] if c != "listen" and c.sock.fileno() in self._conns)
+                break
+            if conn == "listen":
+                self._accept_cpu = max(self._accept_cpu, floor) + self._accept()
+            elif conn.sock.fileno() in self._conns:
+                conn.cpu = max(conn.cpu, floor)
+                self._service_safely(conn, ready[conn])
+                conn.cpu += self._spend()
+        return bool(ready)
+
+    def _accept(self) -> float:
+        """Accept a batch; returns the CPU time it took. New connections start at the fair clock."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:  # BlockingIOError: none left
+                break
+            try:
+                sock.setblocking(False)
+                pid, uid = listener.peer_creds(sock) or (None, None)
+                refusal = self._admit(pid, time.monotonic()) if listener.peer_allowed(uid) else ""
+                if refusal is not None:  # said at once, then closed: a refused client costs no more than this
+                    if refusal:
+                        sock.send(pack_frame({"ok": False, "error": refusal}, MAX_RESPONSE_BYTES))
+                    sock.close()
+                    continue
+            except OSError:
+                sock.close()
+                continue
+            conn = Connection(sock, pid, time.monotonic())
+            conn.cpu = self._clock
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, self._mask(conn), conn)
+        return self._spend()
+
+    def _admit(self, pid: int | None, now: float) -> str | None:
+        """None to serve a new connection of process `pid`, else why not (sent to it before the close). A
+        newcomer may take the place of the longest-idle connection, or of one that has been sending one
+        frame for evict_after seconds."""
+        limits, conns = self.limits, self._conns.values()
+        if pid is not None and sum(c.pid == pid for c in conns) >= limits.max_per_client:
+            return (
+                f"too many inspection connections from process {pid} ({limits.max_per_client}); reuse "
+                "one (an InspectClient is thread-safe) or close some"
+            )
+        if len(conns) < limits.max_connections:
+            return None
+        victim = make_room(conns, now, limits)
+        if victim is None:
+            return f"too many inspection clients ({limits.max_connections}), all busy; retry in a moment"
+        self._drop(victim)
+        return None
+
+    def _service_safely(self, conn: Connection, mask: int) -> None:
         try:
             self._service(conn, mask)
-        except Exception:  # a bug with one connection must not stop the service
-            logger.exception("tiercache inspect: connection failed; closing it")
+        except Exception as exc:  # a bug with one connection must not stop the service
+            self._log(f"tiercache inspect: connection failed ({type(exc).__name__}: {exc}); closing it")
+            with contextlib.suppress(OSError):
+                error = {"ok": False, "error": f"internal error ({type(exc).__name__}); please report it"}
+                conn.sock.send(pack_frame(error, MAX_RESPONSE_BYTES))
             self._drop(conn)
 
-    def _service(self, conn: _Conn, mask: int) -> None:
+    def _service(self, conn: Connection, mask: int) -> None:
+        """One turn: send what is owed, read, answer at most one request."""
+        now = time.monotonic()
         try:
-            if mask & selectors.EVENT_READ and not conn.outbuf and not conn.closing:
-                data = conn.sock.recv(1 << 16)
-                if not data:
-                    return self._drop(conn)
-                conn.last = time.monotonic()
-                conn.inbuf.feed(data)
-            if not conn.outbuf and not conn.closing:
-                self._answer(conn)  # one buffered request, if whole (pipelined ones wait their turn)
-            if conn.outbuf:
-                sent = conn.sock.send(conn.outbuf)  # optimistic: most replies go out in one call
-                del conn.outbuf[:sent]
-                conn.last = time.monotonic()
-                if not conn.outbuf and not conn.closing:
-                    self._answer(conn)
-            if conn.closing and not conn.outbuf:
+            if mask & selectors.EVENT_WRITE:
+                conn.flush(now)
+            if mask & selectors.EVENT_READ and not conn.read(now):
                 return self._drop(conn)
-            self._sel.modify(conn.sock, self._mask(conn), conn)
+            if conn.wants_answer:
+                self._answer(conn, now)
+                conn.flush(now)  # optimistic: most replies go out in one call
         except (BlockingIOError, InterruptedError):
-            self._sel.modify(conn.sock, self._mask(conn), conn)
+            pass
         except OSError:
-            self._drop(conn)
+            return self._drop(conn)
+        if conn.done:
+            return self._drop(conn)
+        if conn.wants_answer:
+            self._ready.add(conn)  # a pipelined request: next turn, without waiting for an event
+        self._sel.modify(conn.sock, self._mask(conn), conn)
 
-    def _answer(self, conn: _Conn) -> None:
-        """Answer one whole request if there is one (the next waits until this reply is sent)."""
+    def _answer(self, conn: Connection, now: float) -> None:
         try:
-            body = conn.inbuf.next_frame()
-        except ProtocolError as exc:
-            reply, conn.closing = {"ok": False, "error": str(exc)}, True
-        else:
-            if body is None:
-                return
-            try:
-                reply = handle(self.state, unpack_body(body))
-            except ProtocolError as exc:
-                reply = {"ok": False, "error": f"{exc}; send a msgpack map {{'method': str, 'params': map}}"}
+            body = conn.next_request(now)
+        except ProtocolError as exc:  # a length prefix over the limit: the stream cannot be resynchronized
+            return conn.queue({"ok": False, "error": str(exc)}, now, close=True)
         try:
-            conn.outbuf += pack_frame(reply, MAX_RESPONSE_BYTES)
+            reply = handle(self.state, unpack_request(body))
         except ProtocolError as exc:
-            conn.outbuf += pack_frame({"ok": False, "error": f"{exc}; ask for fewer (limit=…)"}, 1 << 16)
-        except Exception as exc:
-            logger.exception("tiercache inspect: reply not encodable")
-            error = f"internal error: reply not encodable ({exc}); please report it"
-            conn.outbuf += pack_frame({"ok": False, "error": error}, 1 << 16)
+            reply = {"ok": False, "error": f"{exc}; {_HINT}"}
+        conn.queue(encode_reply(reply, self._log), now)
 
-    def _mask(self, conn: _Conn) -> int:
+    def _mask(self, conn: Connection) -> int:
         return selectors.EVENT_WRITE if conn.outbuf else selectors.EVENT_READ
 
     def _reap(self, now: float) -> None:
+        timeout = self.limits.request_timeout
         for conn in list(self._conns.values()):
-            idle = now - conn.last
-            if idle > self.idle_timeout or (conn.inbuf.pending and idle > self.read_timeout):
+            verdict = conn.overdue(now, self.limits)
+            if verdict == "drop":
                 self._drop(conn)
+            elif verdict == "incomplete":
+                error = (
+                    f"request not whole after {timeout:g}s ({conn.inbuf.pending} bytes of a frame received); "
+                    "send each request at once: a 4-byte big-endian length, then the msgpack body"
+                )
+                conn.frame_since = None
+                conn.queue({"ok": False, "error": error}, now, close=True)
+                self._service_safely(conn, selectors.EVENT_WRITE)
 
-    def _drop(self, conn: _Conn) -> None:
-        self._conns.pop(conn.sock.fileno(), None)
+    def _drop(self, conn: Connection) -> None:
+        self._ready.discard(conn)
+        with contextlib.suppress(OSError, ValueError):
+            self._conns.pop(conn.sock.fileno(), None)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._sel.unregister(conn.sock)
         conn.sock.close()
 
-
-def _peer_uid(sock: socket.socket) -> int | None:
-    """The connecting process's uid (Linux SO_PEERCRED); None where the platform cannot tell."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
-        return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
-def _peer_allowed(sock: socket.socket) -> bool:
-    """Defense in depth behind mode 0600: only this user (or root) may ask."""
-    try:
-        uid = _peer_uid(sock)
-    except OSError:
-        return False
-    if uid is None or uid in (os.getuid(), 0):
-        return True
-    logger.warning("tiercache: inspection connection from uid %d refused (serving uid %d)", uid, os.getuid())
-    return False
-
-
-def _listen(path: Path) -> socket.socket:
-    """Bind in a fresh private directory next to `path`, chmod 0600, then rename into place: the socket is
-    never reachable with looser permissions, and the process umask is left alone."""
-    check_socket_path(path)
-    _clear_stale(path)
-    tmpdir = Path(tempfile.mkdtemp(prefix=".tc", dir=path.parent))
-    tmp = tmpdir / "s"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(tmp))
-        os.chmod(tmp, 0o600)
-        sock.listen(16)
-        sock.setblocking(False)
-        os.rename(tmp, path)
-    except OSError as exc:
-        sock.close()
-        raise InspectError(
-            f"inspect.socket: cannot listen on {str(path)!r} ({exc.strerror or exc}); choose a writable "
-            "path, auto, or off"
-        ) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        with contextlib.suppress(OSError):
-            tmpdir.rmdir()
-    return sock
-
-
-def _clear_stale(path: Path) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise InspectError(
-            f"inspect.socket: {str(path)!r} exists and is not a socket; remove it or choose another path"
-        )
-    if not listening(path):
-        path.unlink(missing_ok=True)  # nobody listening: a leftover from a process that died
-        return
-    raise InspectError(
-        f"inspect.socket: {str(path)!r} is in use by a live process; choose another path, or auto"
-    )
+    def _log(self, message: str) -> None:
+        """At most one line per 10 s: a hostile client must not flood the engine's log either."""
+        now = time.monotonic()
+        if now - self._logged >= 10.0:
+            self._logged = now
+            logger.warning(message)
