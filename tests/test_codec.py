@@ -209,6 +209,50 @@ def test_codec_report_rows_per_codebook():
     assert "uniform     8" in format_table(64, rows)
 
 
+def test_codec_report_legend_matches_its_own_numbers():
+    """The default report (d=128, 10,000 vectors) printed 8-bit MSE·4^b = 2.726 under a legend that called
+    √3·π/2 ≈ 2.72 the upper bound. The bound is on the expected MSE: the legend must say so, every E·4^b it
+    covers must be below it, and a measured ratio above it must be named with its standard error, within
+    3 of them of its expectation (sampling error, not a broken bound)."""
+    import math
+
+    from tiercache.cli.codec_report import UPPER_BOUND, format_table, measure
+
+    rows = [measure(128, bits, 10_000, "haar", 0, 1) for bits in BITS]  # the report's defaults
+    table = format_table(128, rows)
+    assert math.isclose(UPPER_BOUND, math.sqrt(3) * math.pi / 2) and "≈ 2.721/4^b" in table
+    assert "expected MSE" in table and "E·4^b is below 2.721 in every lloyd row" in table
+    printed = {}  # bits → (MSE·4^b, ±, E·4^b) as printed
+    for line in table.splitlines():
+        if line.startswith("lloyd "):
+            fields = line.split()
+            printed[int(fields[1])] = tuple(float(f) for f in fields[4:7])
+    assert sorted(printed) == BITS
+    assert all(expected < UPPER_BOUND for _, _, expected in printed.values())
+    largest = max(printed, key=lambda b: printed[b][2])
+    assert f"(largest {printed[largest][2]:.3f}, {largest}-bit)" in table
+    above = [b for b, (measured, _, _) in printed.items() if measured > round(UPPER_BOUND, 3)]
+    # 8-bit: 2.726 ± 0.102 with this sample (one vector holds 3.7 % of the error), the case to explain
+    assert 8 in above
+    for b in above:
+        measured, se, expected = printed[b]
+        assert f"Measured {b}-bit {measured:.3f} ± {se:.3f} is above it by sampling error" in table
+        assert measured - expected <= 3 * se
+
+
+def test_codec_report_legend_does_not_claim_the_bound_it_breaks():
+    from dataclasses import replace
+
+    from tiercache.cli.codec_report import legend, measure
+
+    row = measure(64, 4, 200, "haar", 0, 1)
+    broken = replace(row, expected_over_lower_bound=3.0, mse_over_lower_bound=3.5, mse_stderr=1e-5 / 256)
+    text = "\n".join(legend([broken]))
+    assert "E·4^b is above 2.721 at 4-bit (3.000)" in text and "below" not in text
+    assert "more than chance" in text and "sampling error" not in text
+    assert "uniform rows are not covered" in "\n".join(legend([row, replace(row, codebook="uniform")]))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_building_ignores_the_default_device(bits):
     """vLLM builds models under torch.device('cuda'): the codec and its tables are host-built regardless

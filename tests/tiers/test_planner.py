@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tiercache.cli import main
-from tiercache.cli.plan import ModelGeometry, load_model_config, model_geometry, plan_rows
+from tiercache.cli.plan import ModelGeometry, load_model_config, memory_warnings, model_geometry, plan_rows
 from tiercache.codecs import KVCodecSpec
 
 LLAMA3_8B = {
@@ -92,3 +92,49 @@ def test_cli_token_sized_tiers_and_errors(tmp_path, capsys):
     assert "(100,000)" in out and "tiers.vram = 100,000 tokens: 4.77 GiB with the configured codec" in out
     assert main(["plan", "--model", str(tmp_path / "nope")]) == 2
     assert "is not a config.json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- tiers larger than the machine (issue 25)
+def test_cli_warns_about_tiers_larger_than_the_machine_with_both_numbers(tmp_path, capsys):
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text("tiers:\n  vram: 100GiB\n  dram: 4TiB\n")
+    args = ["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers)]
+    assert main([*args, "--gpu-memory", "80GiB", "--host-memory", "64GiB"]) == 0  # a warning, not an error
+    out, err = capsys.readouterr()
+    assert "tokens in DRAM" in out
+    vram, dram = err.splitlines()
+    assert vram.startswith("tiercache plan: warning: tiers.vram = 100.00 GiB (107,374,182,400 bytes) per GPU")
+    assert "the GPU's 80.00 GiB (85,899,345,920 bytes)" in vram and vram.endswith("lower tiers.vram")
+    assert dram.startswith("tiercache plan: warning: tiers.dram = 4.00 TiB (4,398,046,511,104 bytes)")
+    assert "64.00 GiB (68,719,476,736 bytes) of host memory" in dram and "refuses to start" in dram
+
+
+def test_cli_checks_this_machine_by_default_and_states_the_defaults(monkeypatch, capsys):
+    monkeypatch.delenv("TIERCACHE_CONFIG", raising=False)
+    monkeypatch.setattr("tiercache.config.host_memory_bytes", lambda: 16 * GIB)
+    monkeypatch.setattr("tiercache.config.device_memory_bytes", lambda: 2 * GIB)
+    assert main(["plan", "--model", json.dumps(LLAMA3_8B)]) == 0
+    out, err = capsys.readouterr()
+    assert "tiers per rank: vram 4.00 GiB, dram 8.00 GiB  (built-in defaults)" in out
+    assert err.count("warning") == 1 and "tiers.vram = 4.00 GiB" in err and "2.00 GiB (2,147,483,648" in err
+    monkeypatch.setattr("tiercache.config.device_memory_bytes", lambda: None)
+    assert main(["plan", "--model", json.dumps(LLAMA3_8B)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "tiers.vram not checked against GPU memory: no GPU here" in out
+
+
+def test_memory_warnings_ranks_and_token_sizes():
+    from tiercache.config import TierCacheConfig
+
+    tiers = TierCacheConfig.from_dict({"tiers": {"vram": "100k tokens", "dram": "8GiB"}}).tiers
+    assert memory_warnings(tiers, 51_200, 32 * GIB, 80 * GIB) == []
+    (together,) = memory_warnings(tiers, 51_200, 16 * GIB, None, ranks=4)  # 4 × 8 GiB > 16 GiB > 8 GiB
+    assert "8.00 GiB (8,589,934,592 bytes) per rank, × 4 ranks = 32.00 GiB (34,359,738,368 bytes)" in together
+    assert "the ranks together do not fit" in together and "refuses" not in together
+    (vram,) = memory_warnings(tiers, 51_200, None, 4 * GIB)
+    assert vram.startswith("tiers.vram = 100,000 tokens = 4.77 GiB (5,120,000,000 bytes) with the configured")
+
+
+def test_cli_bad_memory_flag(capsys):
+    assert main(["plan", "--model", json.dumps(LLAMA3_8B), "--gpu-memory", "80 gigs"]) == 2
+    assert capsys.readouterr().err.startswith("tiercache plan: --gpu-memory: ")

@@ -41,7 +41,8 @@ def test_parse_duration(text, expected):
 def test_example_file_loads():
     cfg = TierCacheConfig.from_yaml(EXAMPLE)
     assert cfg.codec == KVCodecSpec(8, 4)
-    assert cfg.tiers.vram == Size(bytes=4 * 2**30) and cfg.tiers.dram == Size(bytes=32 * 2**30)
+    assert cfg.tiers.vram == Size(bytes=4 * 2**30) and cfg.tiers.dram == Size(bytes=8 * 2**30)
+    assert dataclasses.replace(cfg, source="") == TierCacheConfig(source="")  # its values are the defaults
     assert cfg.eviction.policy == "graph" and cfg.eviction.advisor_interval == 0.5
     assert cfg.eviction.max_stale == 2.0 and cfg.inspect.socket == "auto"
     with pytest.raises(dataclasses.FrozenInstanceError):

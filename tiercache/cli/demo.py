@@ -6,6 +6,10 @@ and cached, see tiercache.cli.models); `--model PATH` takes any local Hugging Fa
 cache is turned off, so every reused token you see comes from tiercache's tiers. The engine runs in one
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the demo can read the live scheduler-side state through
 `tiercache.inspect.connect()`; `tiercache inspect` works from another shell while it runs.
+
+The flags and the tiers YAML they select (--config, else $TIERCACHE_CONFIG) are checked before vLLM starts,
+as the connector will read them, and against this machine's memory: a mistake is one line on stderr and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+# 12 blocks of 32 tokens on CPU: less than the 3 tenants' histories, so each round-robin pass spills some of
+# them to DRAM and the next turn warms them back (the README's run: 25 spills, 13 warms, 41 DRAM hits).
+DEFAULT_VRAM = "384 tokens"
 TENANTS = {
     "rail": (
         "You are the customer assistant of Northern Rail. Answer in two short sentences.",
@@ -76,8 +84,15 @@ class Turn:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PATH", help="a local Hugging Face model (default: SmolLM2-135M)")
+    parser.add_argument(
+        "--config",
+        metavar="YAML",
+        help="tiers.yaml (default: $TIERCACHE_CONFIG); the flags below override it",
+    )
     parser.add_argument("--codec", default=None, help="tier codec preset (default: the config's default)")
-    parser.add_argument("--vram", default="1024 tokens", help='VRAM tier size (default "1024 tokens")')
+    parser.add_argument(
+        "--vram", default=DEFAULT_VRAM, help=f'VRAM tier size (default "{DEFAULT_VRAM}": overflows into DRAM)'
+    )
     parser.add_argument("--dram", default="16384 tokens", help='DRAM tier size (default "16384 tokens")')
     parser.add_argument("--policy", default="graph", choices=("graph", "lru"), help="eviction policy")
     parser.add_argument("--users", type=int, default=2, help="users per tenant (default 2)")
@@ -87,12 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 1 <= args.turns <= 3 or args.users < 1:
-        print("tiercache demo: --turns must be 1..3 and --users at least 1", file=sys.stderr)
+    error = _input_error(args)  # before vLLM starts: a bad flag costs a second, not an engine start-up
+    if error is None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        model = args.model or _default_model()
+        error = _memory_error(args, _bytes_per_token(model, args))
+    if error is not None:
+        print(f"tiercache demo: {' '.join(error.split())}", file=sys.stderr)
         return 2
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    model = args.model or _default_model()
     llm = _start_engine(model, args)
     try:
         turns = _chat_workload(llm, args)
@@ -103,6 +121,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _input_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags or the tiercache config they select (None: nothing); no vLLM import."""
+    from tiercache.config import TierCacheConfig
+
+    if not 1 <= args.turns <= 3 or args.users < 1 or args.max_tokens < 1 or args.decisions < 0:
+        return "--turns must be 1..3, --users and --max-tokens at least 1, --decisions at least 0"
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+        return f"--model {args.model}: no config.json there; pass a local Hugging Face model directory"
+    flags = {"--vram": ("tiers.vram", args.vram), "--dram": ("tiers.dram", args.dram)}
+    if args.codec is not None:
+        flags["--codec"] = ("codec", args.codec)
+    try:
+        for flag, (key, value) in flags.items():
+            TierCacheConfig.from_dict({key: value}, source=flag)  # the message names the flag
+    except ValueError as exc:  # ConfigError is one
+        return str(exc)
+    return _memory_error(args, None)  # also loads the YAML file, as the connector will
+
+
+def _memory_error(args: argparse.Namespace, bytes_per_token: int | None) -> str | None:
+    """The config's errors, or a tier larger than this machine's memory (token sizes need bytes_per_token)."""
+    try:
+        _config(args).check_memory(bytes_per_token, check_device=False)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _config(args: argparse.Namespace):
+    """What the connector will load: the YAML file (--config, else $TIERCACHE_CONFIG), then the flags."""
+    from tiercache.config import CONFIG_ENV, TierCacheConfig
+
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if path:
+        return TierCacheConfig.from_yaml(path, _tier_overrides(args))
+    return TierCacheConfig.from_dict(_tier_overrides(args), source="demo flags")
+
+
+def _bytes_per_token(model: str, args: argparse.Namespace) -> int | None:
+    from tiercache.cli.plan import load_model_config, model_geometry
+
+    try:
+        g = model_geometry(load_model_config(model))
+    except ValueError:
+        return None  # vLLM says what is wrong with the model
+    return _config(args).codec.bytes_per_token(
+        g.num_layers, g.num_kv_heads, g.head_dim, 2 if _on_gpu() else 4
+    )
+
+
 def _default_model() -> str:
     from tiercache.cli.models import smollm2_path
 
@@ -110,10 +178,17 @@ def _default_model() -> str:
     return str(smollm2_path())
 
 
-def _connector_config(args: argparse.Namespace) -> dict:
+def _tier_overrides(args: argparse.Namespace) -> dict:
     extra = {"tiers": {"vram": args.vram, "dram": args.dram}, "eviction": {"policy": args.policy}}
     if args.codec:
         extra["codec"] = args.codec
+    return extra
+
+
+def _connector_config(args: argparse.Namespace) -> dict:
+    extra = _tier_overrides(args)
+    if args.config:
+        extra["config"] = args.config
     return {
         "kv_connector": "TierCacheConnector",
         "kv_connector_module_path": "tiercache.connectors.vllm",
@@ -122,11 +197,16 @@ def _connector_config(args: argparse.Namespace) -> dict:
     }
 
 
-def _start_engine(model: str, args: argparse.Namespace):
+def _on_gpu() -> bool:
     import torch
+
+    return torch.cuda.is_available()
+
+
+def _start_engine(model: str, args: argparse.Namespace):
     from vllm import LLM
 
-    on_gpu = torch.cuda.is_available()
+    on_gpu = _on_gpu()
     print(f"tiercache demo: starting vLLM ({'GPU' if on_gpu else 'CPU'}) on {model} …", flush=True)
     return LLM(
         model=model,

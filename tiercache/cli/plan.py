@@ -5,12 +5,17 @@ Provides:
     model_geometry(config) / load_model_config(path_or_json)
     PlanRow(name, bytes_per_token, tokens_vram, tokens_dram)
     plan_rows(geometry, vram_bytes, dram_bytes, codec=None) -> list[PlanRow]
+    memory_warnings(tiers, bytes_per_token, host_bytes, gpu_bytes, ranks=1) -> list[str]
+                                      a tier larger than the memory it lives in, with both numbers
     add_arguments(parser), run(args) -> int                  the CLI subcommand
 
 Bytes per token (per rank, all layers, K and V):
     bf16 / fp8:  layers × kv_heads × head_dim × 2 × (2 or 1)
     TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
 Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
+The tiers are checked against this machine's memory (or --host-memory / --gpu-memory, to plan for another
+one): a warning with both numbers where the engine would refuse to start, or where the ranks together would
+not fit in host memory.
 """
 
 from __future__ import annotations
@@ -93,30 +98,74 @@ def plan_rows(
     return [PlanRow(n, b, tokens(vram_bytes, b), tokens(dram_bytes, b), c) for n, b, c in sizes]
 
 
+def memory_warnings(
+    tiers, bytes_per_token: int, host_bytes: int | None, gpu_bytes: int | None, ranks: int = 1
+) -> list[str]:
+    """Warnings for tiers (a TiersConfig, sizes per rank) larger than the memory they live in: tiers.vram
+    against one GPU's memory, tiers.dram × ranks against the host's. None: not known, not checked."""
+    from tiercache.units import format_bytes
+
+    def both(n: int) -> str:
+        return f"{format_bytes(n)} ({n:,} bytes)"
+
+    def asked(size, n: int) -> str:
+        return both(n) if size.tokens is None else f"{size} = {both(n)} with the configured codec"
+
+    out = []
+    vram, dram = tiers.vram.to_bytes(bytes_per_token), tiers.dram.to_bytes(bytes_per_token)
+    if gpu_bytes is not None and vram > gpu_bytes:
+        out.append(
+            f"tiers.vram = {asked(tiers.vram, vram)} per GPU is more than the GPU's {both(gpu_bytes)}; the "
+            "engine refuses to start with it: lower tiers.vram"
+        )
+    if host_bytes is not None and dram * ranks > host_bytes:
+        total = "" if ranks == 1 else f" per rank, × {ranks} ranks = {both(dram * ranks)},"
+        then = "the engine refuses to start with it" if dram > host_bytes else "the ranks together do not fit"
+        out.append(
+            f"tiers.dram = {asked(tiers.dram, dram)}{total} is more than the {both(host_bytes)} of host "
+            f"memory; {then}: lower tiers.dram"
+        )
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="config.json, a model directory, or JSON text")
     parser.add_argument("--config", help="tiers.yaml (default: $TIERCACHE_CONFIG, else built-in defaults)")
     parser.add_argument("--tensor-parallel", "--tp", type=int, default=1, help="ranks sharing the KV heads")
+    parser.add_argument(
+        "--host-memory",
+        metavar="SIZE",
+        help="host memory to check tiers.dram against (default: this machine's)",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="one GPU's memory, to check tiers.vram against (default: this GPU's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiercache.config import TierCacheConfig
+    from tiercache.config import TierCacheConfig, device_memory_bytes, host_memory_bytes
     from tiercache.errors import ConfigError
     from tiercache.units import format_bytes
 
     try:
         geometry = model_geometry(load_model_config(args.model)).per_rank(args.tensor_parallel)
         config = TierCacheConfig.load(args.config)
+        host = _bytes_arg("--host-memory", args.host_memory) or host_memory_bytes()
+        gpu = _bytes_arg("--gpu-memory", args.gpu_memory) or device_memory_bytes()
     except (ValueError, ConfigError, json.JSONDecodeError) as exc:
         print(f"tiercache plan: {exc}", file=sys.stderr)
         return 2
     tiers = config.tiers
     rows = plan_rows(geometry, tiers.vram.bytes, tiers.dram.bytes, config.codec)
+    per_token = next(r for r in rows if r.configured or r is rows[-1]).bytes_per_token
+    source = "built-in defaults" if config.source == "<defaults>" else config.source
     print(
         f"model: {geometry.num_layers} layers, {geometry.num_kv_heads} KV heads per rank "
         f"(tensor parallel {args.tensor_parallel}), head_dim {geometry.head_dim}"
     )
-    print(f"tiers per rank: vram {tiers.vram}, dram {tiers.dram}  ({config.source}); * = configured codec")
+    print(f"tiers per rank: vram {tiers.vram}, dram {tiers.dram}  ({source}); * = configured codec")
     bf16 = rows[0].bytes_per_token
     print(f"{'format':<24} {'bytes/token':>12} {'vs bf16':>8} {'tokens in VRAM':>15} {'tokens in DRAM':>15}")
     for row in rows:
@@ -127,9 +176,21 @@ def run(args: argparse.Namespace) -> int:
         )
     for name, size in (("vram", tiers.vram), ("dram", tiers.dram)):
         if size.tokens is not None:
-            need = size.tokens * next(r for r in rows if r.configured or r is rows[-1]).bytes_per_token
-            print(f"tiers.{name} = {size}: {format_bytes(need)} with the configured codec")
+            print(f"tiers.{name} = {size}: {format_bytes(size.tokens * per_token)} with the configured codec")
+    for warning in memory_warnings(tiers, per_token, host, gpu, args.tensor_parallel):
+        print(f"tiercache plan: warning: {warning}", file=sys.stderr)
+    if gpu is None:
+        print("tiers.vram not checked against GPU memory: no GPU here (--gpu-memory SIZE checks it)")
     return 0
+
+
+def _bytes_arg(flag: str, value: str | None) -> int | None:
+    from tiercache.units import parse_bytes
+
+    try:
+        return parse_bytes(value) if value else None
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _tokens(count: int | None, size, row: PlanRow) -> str:

