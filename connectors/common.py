@@ -3,8 +3,11 @@ geometry (so the scheduler's capacities and the worker's pools agree without tal
 
 Provides:
     load_config(vllm_config) -> TierCacheConfig   kv_connector_extra_config {"config": path, inline keys…}
-    Geometry.from_vllm(vllm_config, kv_cache_config)   layers, KV heads per rank, head_dim, block size, dtype
-        .layout(codec_spec) -> BlockLayout   .codec_id(codec_spec) -> str
+    primary_requested(vllm_config) -> bool        --attention-backend CUSTOM: tiercache's primary mode
+    Geometry.from_vllm(vllm_config, kv_cache_config, codec_spec)   layers, KV heads per rank, head_dim,
+        block size, dtype, and whether vLLM's cache is primary mode's TurboQuant pages (then the codec must
+        be the pages' codec: a different one is a ConfigError naming both)
+        .layout(codec_spec) -> BlockLayout   .codec_id(codec_spec) -> str   .page_format(codec_spec)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tiercache.codecs import KVCodecSpec
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, shown
 from tiercache.layout import BlockLayout
+from tiercache.pages import PageFormat
 
 CONFIG_KEY = "config"
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,6 +49,12 @@ def load_config(vllm_config) -> TierCacheConfig:
     return TierCacheConfig.load(path, extra)
 
 
+def primary_requested(vllm_config) -> bool:
+    """The user selected tiercache's attention backend (AttentionBackendEnum.CUSTOM): primary mode."""
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    return getattr(backend, "name", None) == "CUSTOM"
+
+
 @dataclass(frozen=True)
 class Geometry:
     layer_names: tuple[str, ...]  # vLLM attention layers, in the pools' layer order
@@ -52,9 +62,10 @@ class Geometry:
     head_dim: int
     block_size: int
     dtype: torch.dtype  # vLLM's KV cache dtype (what loads write back)
+    primary: bool = False  # vLLM's cache holds TurboQuant pages: saves and loads are byte copies
 
     @classmethod
-    def from_vllm(cls, vllm_config, kv_cache_config) -> Geometry:
+    def from_vllm(cls, vllm_config, kv_cache_config, codec: KVCodecSpec | None = None) -> Geometry:
         groups = list(kv_cache_config.kv_cache_groups)
         if len(groups) != 1:
             raise ConfigError(
@@ -68,14 +79,19 @@ class Geometry:
         head_size_v = getattr(spec, "head_size_v", None) or spec.head_size
         if head_size_v != spec.head_size or type(spec).__name__.startswith("MLA"):
             raise ConfigError(f"tiercache: {type(spec).__name__} (MLA / different K and V sizes) unsupported")
-        if spec.dtype not in CACHE_DTYPES:
+        primary = primary_requested(vllm_config)
+        if primary:
+            _check_pages(spec, codec)
+        elif spec.dtype not in CACHE_DTYPES:
             raise ConfigError(
                 f"tiercache: KV cache dtype {spec.dtype} unsupported; use kv_cache_dtype=auto "
-                "(float16, bfloat16 or float32)"
+                "(float16, bfloat16 or float32), or primary mode (--attention-backend CUSTOM)"
             )
-        return cls(
-            tuple(groups[0].layer_names), spec.num_kv_heads, spec.head_size, spec.block_size, spec.dtype
-        )
+        names = tuple(groups[0].layer_names)
+        return cls(names, spec.num_kv_heads, spec.head_size, spec.block_size, spec.dtype, primary)
+
+    def page_format(self, spec: KVCodecSpec) -> PageFormat:
+        return PageFormat.from_spec(spec, self.num_kv_heads, self.head_dim, self.block_size)
 
     def layout(self, spec: KVCodecSpec) -> BlockLayout:
         n = len(self.layer_names)
@@ -85,3 +101,21 @@ class Geometry:
 
     def codec_id(self, spec: KVCodecSpec) -> str:
         return spec.codec_id(self.head_dim, self.dtype)
+
+
+def _check_pages(spec, codec: KVCodecSpec | None) -> None:
+    """Primary mode: the cache's bytes per token and KV head must be the codec's (vLLM ≥ 0.32 sizes them
+    exactly), or hold them (vLLM 0.26's --kv-cache-dtype pages); else a ConfigError naming both."""
+    if codec is None:
+        raise ConfigError("tiercache: a primary-mode cache needs the connector's codec to check it against")
+    need = PageFormat.from_spec(codec, 1, spec.head_size, 16).token_head_bytes
+    have = getattr(spec, "state_content_bytes", None)
+    exact = have is not None
+    if have is None:  # vLLM 0.26: the page of the --kv-cache-dtype
+        have = spec.page_size_bytes // (spec.block_size * spec.num_kv_heads)
+    if have != need if exact else have < need:
+        raise ConfigError(
+            f"tiercache: vLLM's primary-mode cache holds {have} bytes per token and KV head, the connector's "
+            f"codec {codec.name} needs {need}: the attention backend and the connector must use one codec "
+            "(set it once, in kv_connector_extra_config or the tiers YAML both read)"
+        )

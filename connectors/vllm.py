@@ -43,7 +43,7 @@ class TierCacheConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         _log_with_vllm()
         config = load_config(vllm_config)
-        geometry = Geometry.from_vllm(vllm_config, kv_cache_config)
+        geometry = Geometry.from_vllm(vllm_config, kv_cache_config, config.codec)
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import ConnectorScheduler
@@ -67,7 +67,7 @@ class TierCacheConnector(KVConnectorBase_V1):
         for name in kv_caches:
             backend = getattr(context.get(name), "attn_backend", None)
             backends[name] = backend.get_name() if backend is not None else ""
-            if backends[name] == "CPU_ATTN":
+            if backends[name] == "CPU_ATTN" and not self.worker.geometry.primary:  # pages need no ISA map
                 isa = getattr(context[name], "isa", None) or _cpu_isa(self._kv_cache_config)
         self.worker.register(kv_caches, backends, isa)
 

@@ -11,6 +11,7 @@ Provides:
                               padding)
         from_spec(spec, num_kv_heads, head_dim, block_size)
     PageViews(k_packed, k_norms, v_packed, v_norms)   [NB, BS, H, Pk] uint8, [NB, BS, H] f32, …
+    as_pages(kv_cache, page_bytes) -> [NB, bytes] uint8   one layer of vLLM's cache as rows of page bytes
 
 A page is section-major, like a tier block of one layer (tiercache.layout):
     k_packed [BS, H, Pk] uint8 ‖ v_packed [BS, H, Pv] uint8 ‖ k_norms [BS, H] f32 ‖ v_norms [BS, H] f32
@@ -20,6 +21,7 @@ page is a plain byte copy between vLLM's cache and the tiers. vLLM sees only its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -98,3 +100,19 @@ class PageFormat:
             part["v_packed"].view(nb, bs, h, self.v_packed_dim),
             part["v_norms"].view(torch.float32).view(nb, bs, h),
         )
+
+
+def as_pages(kv_cache: torch.Tensor, page_bytes: int) -> torch.Tensor:
+    """One layer of vLLM's cache, [NB, H, BS, C] of any dtype and any stride order within a block, as pages
+    [NB, bytes] uint8: each block must be one dense run of at least page_bytes bytes (vLLM 0.26's
+    dtype-sized pages may be larger)."""
+    cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
+    inner = sorted(zip(cache.stride()[1:], cache.shape[1:], strict=True))
+    dense = all(stride == math.prod(size for _, size in inner[:i]) for i, (stride, _) in enumerate(inner))
+    row = math.prod(cache.shape[1:])
+    if not dense or row < page_bytes:
+        raise ValueError(
+            f"tiercache primary mode: a block of the KV cache must be one dense page of ≥ {page_bytes} "
+            f"bytes; got shape {tuple(cache.shape)} strides {cache.stride()}"
+        )
+    return cache.as_strided((cache.shape[0], row), (cache.stride(0), 1))

@@ -6,7 +6,6 @@ Provides:
                          kv_cache_dtype, logits_soft_cap=None, attn_type="decoder", …)
         do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)   before forward, every step
         forward(layer, query, key, value, kv_cache, attn_metadata, output, …) -> output
-    pages_of(kv_cache, page_format) -> [num_blocks, page_bytes] uint8   one layer's cache as pages
 
 kv_cache: the layer's view vLLM hands the backend, [num_blocks, H, block_size, token_head_bytes] uint8 in
 any layout whose blocks are contiguous (the backend's customize_spec sized it). query/output [T, Hq, D] (T
@@ -16,12 +15,11 @@ padded); key/value [T, H, D] (strided views of the fused projection are fine).
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
-from tiercache.pages import PageFormat
+from tiercache.pages import PageFormat, as_pages
 from tiercache.worker.paged_attention import PagedAttention
 
 from .metadata import PrimaryMetadata
@@ -76,7 +74,7 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
     ) -> None:
         attention = self.attention(kv_cache.shape[2])
         n = slot_mapping.shape[0]
-        attention.write(pages_of(kv_cache, attention.format), key[:n], value[:n], slot_mapping)
+        attention.write(as_pages(kv_cache, attention.format.page_bytes), key[:n], value[:n], slot_mapping)
 
     def forward(
         self,
@@ -96,7 +94,7 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             return output
         m = attn_metadata
         attention = self.attention(kv_cache.shape[2])
-        pages = pages_of(kv_cache, attention.format)
+        pages = as_pages(kv_cache, attention.format.page_bytes)
         q = query.view(-1, self.num_heads, self.head_size)
         out = output.view(-1, self.num_heads, self.head_size)
         nd = m.num_decodes
@@ -107,21 +105,6 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             attention.prefill(pages, q[nd : m.num_tokens], starts, m.seq_lens_cpu[nd:], m.block_table[nd:],
                               out[nd : m.num_tokens])  # fmt: skip
         return output
-
-
-def pages_of(kv_cache: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
-    """One layer's cache [NB, H, BS, C] (any stride order within a block) as pages [NB, bytes] uint8: each
-    block one dense run of at least fmt.page_bytes bytes (vLLM 0.26's dtype-sized pages may be larger)."""
-    cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
-    inner = sorted(zip(cache.stride()[1:], cache.shape[1:], strict=True))
-    dense = all(stride == math.prod(size for _, size in inner[:i]) for i, (stride, _) in enumerate(inner))
-    row = math.prod(cache.shape[1:])
-    if not dense or row < fmt.page_bytes:
-        raise ValueError(
-            f"tiercache primary mode: a block of the KV cache must be one dense page of ≥ {fmt.page_bytes} "
-            f"bytes; got shape {tuple(cache.shape)} strides {cache.stride()}"
-        )
-    return cache.as_strided((cache.shape[0], row), (cache.stride(0), 1))
 
 
 @functools.cache

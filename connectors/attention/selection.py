@@ -1,7 +1,6 @@
 """Whether this process serves primary mode, and with which codec.
 
 Provides:
-    requested(vllm_config) -> bool      the user selected the CUSTOM attention backend (tiercache's)
     decide(vllm_config) -> Decision      decide for this process's model (called where vLLM builds the
                                          attention layers, under its current config) and remember it
     tiercache_config(vllm_config)        the connector's config when it is on, else $TIERCACHE_CONFIG
@@ -26,7 +25,7 @@ import torch
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 
-from ..common import load_config
+from ..common import load_config, primary_requested
 from ..plugin import NAME as CONNECTOR_NAME
 
 
@@ -40,16 +39,9 @@ class Decision:
 _current: Decision | None = None
 
 
-def requested(vllm_config) -> bool:
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    attention = getattr(vllm_config, "attention_config", None)
-    return getattr(attention, "backend", None) == AttentionBackendEnum.CUSTOM
-
-
 def decide(vllm_config) -> Decision:
     global _current
-    if not requested(vllm_config):
+    if not primary_requested(vllm_config):
         _current = Decision(False)
     else:
         config = tiercache_config(vllm_config)

@@ -2,8 +2,9 @@
 
 Provides:
     ConnectorWorker(config, geometry)
-        register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer, the rank's TierWorker
-                                             (pools on the cache's device: "vram" is the GPU, or host memory)
+        register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
+                                             the rank's TierWorker (pools on the cache's device: "vram" is the
+                                             GPU, or host memory)
         start_step(plan)                     loads (decode into vLLM's blocks), then submit the jobs
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
@@ -12,6 +13,9 @@ Provides:
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
         take_report() -> WorkerReport | None
         shutdown()
+
+Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and decodes them on load;
+primary mode (vLLM's cache already holds TurboQuant pages) copies the same bytes both ways (page_io.py).
 
 Never serve wrong KV (DESIGN.md decision 5): the TierWorker tags every slot with the block its plan wrote
 there and the codec id; a load whose slot does not hold the asked block with this codec is refused, and a
@@ -29,12 +33,14 @@ import torch
 
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
+from tiercache.pages import PageViews, as_pages
 from tiercache.wire import JobResult, StepPlan, StepResult, WorkerReport
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
 from .codec_io import decode_blocks, encode_blocks
 from .kv_views import BlockAccess, kv_access
+from .page_io import load_pages, save_pages
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ class ConnectorWorker:
         self.codec = None
         self.k_views: list[BlockAccess] = []
         self.v_views: list[BlockAccess] = []
+        self.page_views: list[PageViews] = []  # primary mode
         self._step: _Step | None = None
         self._load_errors: set[int] = set()
         self._steps: list[StepResult] = []
@@ -78,18 +85,16 @@ class ConnectorWorker:
         missing = [name for name in g.layer_names if name not in kv_caches]
         if missing:
             raise ValueError(f"tiercache: vLLM registered no KV cache for layers {missing}")
-        for name in g.layer_names:
-            k, v = kv_access(
-                kv_caches[name],
-                backend_names.get(name, ""),
-                g.block_size,
-                g.num_kv_heads,
-                g.head_dim,
-                cpu_isa,
-            )
-            self.k_views.append(k)
-            self.v_views.append(v)
-        device = self.k_views[0].device
+        if g.primary:
+            fmt = g.page_format(self.config.codec)
+            self.page_views = [fmt.views(as_pages(kv_caches[name], fmt.page_bytes)) for name in g.layer_names]
+        else:
+            for name in g.layer_names:
+                cache, backend = kv_caches[name], backend_names.get(name, "")
+                k, v = kv_access(cache, backend, g.block_size, g.num_kv_heads, g.head_dim, cpu_isa)
+                self.k_views.append(k)
+                self.v_views.append(v)
+        device = kv_caches[g.layer_names[0]].device
         self.codec = self.config.codec.build(g.head_dim, g.dtype)
         if self.codec.codec_id != self.codec_id:
             raise ConfigError(
@@ -100,9 +105,9 @@ class ConnectorWorker:
         self.tiers = TierWorker.from_config(self.config, self.layout, self.codec_id, device)
         first = next(iter(g.layer_names))
         logger.info(
-            "tiercache: worker side: %d layers on %s, cache %s %s (backend %s), K block %s; pools: %d VRAM + "
-            "%d DRAM blocks", len(self.k_views), device, tuple(kv_caches[first].shape), g.dtype,
-            backend_names.get(first), self.k_views[0].shape, self.tiers.vram.num_blocks,
+            "tiercache: worker side (%s mode): %d layers on %s, cache %s %s (backend %s); pools: %d VRAM + "
+            "%d DRAM blocks", "primary" if g.primary else "offload", len(g.layer_names), device,
+            tuple(kv_caches[first].shape), g.dtype, backend_names.get(first), self.tiers.vram.num_blocks,
             self.tiers.dram.num_blocks,
         )  # fmt: skip
 
@@ -185,15 +190,21 @@ class ConnectorWorker:
             return
         items = [step.plan.loads[i] for i in todo]
         blocks = self.tiers.load(items)
-        decode_blocks(self.codec, blocks, self.k_views, self.v_views, [x.block_id for x in items])
+        ids = [x.block_id for x in items]
+        if self.geometry.primary:
+            load_pages(blocks, self.page_views, ids)
+        else:
+            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
         for i in todo:
             step.loads_ok[i] = True
 
     def _store(self, step: _Step) -> None:
         stores = step.plan.stores
-        blocks = encode_blocks(
-            self.codec, self.k_views, self.v_views, [s.block_id for s in stores], self.layout
-        )
+        ids = [s.block_id for s in stores]
+        if self.geometry.primary:
+            blocks = save_pages(self.page_views, ids)
+        else:
+            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
         self.tiers.store(stores, blocks)
         step.stores_ok[:] = [True] * len(stores)
 
