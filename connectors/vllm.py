@@ -4,6 +4,8 @@ the boundary vLLM calls, and the one place where connector errors are caught.
 Provides:
     TierCacheConnector(vllm_config, role, kv_cache_config)    KVConnectorBase_V1 subclass
         .scheduler (ConnectorScheduler) on the scheduler role, .worker (ConnectorWorker) on the worker role
+        get_kv_connector_stats / build_kv_connector_stats / build_prom_metrics   metrics in vLLM's log line,
+        its Prometheus registry and /metrics (connectors/metrics.py)
 
 Glue only (STYLE.md rule 7): decisions live in connectors/scheduler/ and tiercache.scheduler, execution in
 connectors/worker/ and tiercache.worker. Every hook vLLM calls after start-up runs inside `_guarded`: an
@@ -23,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from .common import Geometry, load_config
 from .metadata import TierCacheMetadata, TierCacheWorkerMeta
+from .metrics import TierCachePromMetrics, TierCacheStats
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,6 +148,23 @@ class TierCacheConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         _guarded("request_finished", "none", self.scheduler.request_finished, request.request_id)
         return False, None
+
+    # ------------------------------------------------------------------ metrics (vLLM's stats path)
+    def get_kv_connector_stats(self) -> TierCacheStats | None:
+        """Scheduler side: what changed since the last call (vLLM calls it every step, after
+        update_connector_output). Workers report through the scheduler, so their side returns None."""
+        if self.scheduler is None:
+            return None
+        data = _guarded("collecting metrics", "this interval's metrics are lost", self.scheduler.stats_delta)
+        return None if data is None else TierCacheStats(data=data)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TierCacheStats:
+        return TierCacheStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return TierCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def _drain(self) -> None:
         _guarded("recording events for inspection", "inspection misses them", self.scheduler.drain_events)

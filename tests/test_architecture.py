@@ -22,7 +22,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("tiercache.cli",)),
     ("scheduler glue", ("tiercache.connectors.scheduler",)),
     ("worker glue", ("tiercache.connectors.worker", "tiercache.connectors.attention")),
-    ("boundary", ("tiercache.connectors.vllm",)),
+    ("boundary", ("tiercache.connectors.vllm", "tiercache.connectors.metrics")),
     ("shared", ("tiercache.connectors", "tiercache")),  # the rest: wire, config, layout, codecs, plugin, …
 ]
 MAY_IMPORT = {
@@ -33,7 +33,7 @@ MAY_IMPORT = {
     "inspect": {"shared", "scheduler", "inspect"},
     "scheduler glue": {"shared", "scheduler", "inspect", "scheduler glue"},
     "worker glue": {"shared", "kernels", "worker", "worker glue"},
-    "boundary": {"shared", "scheduler glue", "worker glue"},
+    "boundary": {"shared", "scheduler glue", "worker glue", "boundary"},
     "cli": {"shared", "kernels", "scheduler", "worker", "inspect", "cli"},
 }
 SIDES = {"scheduler": {"scheduler", "scheduler glue"}, "worker": {"worker", "worker glue"}}

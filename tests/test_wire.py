@@ -9,7 +9,9 @@ import pytest
 from tiercache.wire import (
     DRAM,
     VRAM,
+    IoSample,
     JobResult,
+    LoadFailure,
     LoadItem,
     StepPlan,
     StepResult,
@@ -31,10 +33,12 @@ PLAN = StepPlan(
     ),
 )
 REPORT = WorkerReport(
-    steps=(StepResult(3, (True, False), (True,)), StepResult(4, (), ())),
+    steps=(StepResult(3, (True, False), (True,), (LoadFailure(1, "hash mismatch: vram slot 7"),)),
+           StepResult(4, (), ())),
     jobs=(JobResult(4, True, 2, 4096, 0.25), JobResult(5, False, 1, 0, 0.0, "injected")),
     errors=("rank 0: load refused",),
-)
+    io=(IoSample("load", 1, 2048, 1e-4), IoSample("store", 1, 2048, 2.5e-4)),
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("value", [PLAN, REPORT, StepPlan(0), WorkerReport()])
@@ -68,3 +72,8 @@ def test_jobs_name_both_tiers_and_their_blocks():
 def test_malformed_bytes_are_a_value_error(data):
     with pytest.raises(ValueError, match="malformed StepPlan on the wire"):
         decode(data, StepPlan)
+
+
+def test_an_io_sample_names_a_direction_it_knows():
+    with pytest.raises(ValueError, match="IoSample.direction"):
+        IoSample("sideways", 1, 1, 0.0)

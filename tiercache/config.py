@@ -7,7 +7,8 @@ Provides:
                                             (called where capacities are computed: layout.tier_capacities)
     TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off
     EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite)
-    InspectConfig       socket: a unix socket path, "auto" or "off"
+    InspectConfig       socket: a unix socket path, "auto" or "off"; recent_requests (128) and
+                        remembered_departures (65536): what explain_request can answer from
     CONFIG_ENV          "TIERCACHE_CONFIG": the file load() reads when no path is given
     DEFAULT_CODEC, POLICIES, ROTATIONS             (from config_values.py, which checks each key)
     host_memory_bytes() / device_memory_bytes()   what the machine has (for the start-up check)
@@ -18,7 +19,7 @@ Shape (every key optional; see examples/tiers.yaml):
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
                                            # left out, it is max(2s, 4 × advisor_interval)
-    inspect: {socket: auto}
+    inspect: {socket: auto, recent_requests: 128, remembered_departures: 65536}
 Every value is checked at load. An error is one line naming the key, the value (shortened to at most ~200
 characters: errors.shown) and the fix; all unknown keys of a file are reported at once, with a "did you
 mean". Files are read by config_yaml.read_yaml (bounded size, depth and alias expansion; no duplicate keys);
@@ -27,6 +28,7 @@ the per-key checks are in config_values.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,8 +43,8 @@ from tiercache.config_values import (
     check_unknown_keys,
     codec_spec,
     eviction_values,
+    inspect_values,
     section,
-    socket_value,
     tier_size,
 )
 from tiercache.config_yaml import read_yaml
@@ -72,6 +74,8 @@ class EvictionConfig:
 @dataclass(frozen=True)
 class InspectConfig:
     socket: str = "auto"  # a unix socket path, "auto" or "off"
+    recent_requests: int = 128  # admissions explain_request remembers (each keeps its prompt's block hashes)
+    remembered_departures: int = 65_536  # blocks whose departure from the tiers is remembered
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class TierCacheConfig:
                 dram=tier_size("tiers.dram", tiers.get("dram", "8GiB"), source),
             ),
             eviction=EvictionConfig(*eviction_values(eviction, source)),
-            inspect=InspectConfig(socket=socket_value(inspect.get("socket", "auto"), source)),
+            inspect=InspectConfig(**inspect_values(inspect, source)),
             source=source,
         )
 
@@ -138,7 +142,7 @@ class TierCacheConfig:
                 "advisor_interval": self.eviction.advisor_interval,
                 "max_stale": self.eviction.max_stale,
             },
-            "inspect": {"socket": self.inspect.socket},
+            "inspect": dataclasses.asdict(self.inspect),
         }
 
     def check_memory(

@@ -8,6 +8,7 @@ Provides:
     eviction_values(section, source) -> (policy, advisor_interval, max_stale)   durations > 0, finite,
                                            max_stale ≥ advisor_interval
     socket_value(raw, source) -> str       inspect.socket
+    inspect_values(section, source) -> dict   InspectConfig's fields (socket, recent_requests, …)
     codec_spec(raw, source) -> KVCodecSpec codec: a preset or {keys, values, seed, rotation, *_codebook}
     DEFAULT_CODEC, POLICIES, ROTATIONS, KEYS (the valid keys of each section)
 """
@@ -35,7 +36,7 @@ KEYS = {
     "": ("codec", "tiers", "eviction", "inspect"),
     "tiers": ("vram", "dram"),
     "eviction": ("policy", "advisor_interval", "max_stale"),
-    "inspect": ("socket",),
+    "inspect": ("socket", "recent_requests", "remembered_departures"),
     "codec": _CODEC_KEYS,
 }
 _SHOW_KEYS = 8  # unknown keys listed in one message
@@ -136,6 +137,24 @@ def socket_value(raw: Any, source: str) -> str:
         raise ConfigError(
             f"inspect.socket: got {shown(raw)} ({source}); expected a unix socket path, auto or off"
         )
+    return raw
+
+
+def inspect_values(section: dict[str, Any], source: str) -> dict[str, Any]:
+    return {
+        "socket": socket_value(section.get("socket", "auto"), source),
+        "recent_requests": _count(
+            "inspect.recent_requests", section.get("recent_requests", 128), 1 << 20, source
+        ),
+        "remembered_departures": _count(
+            "inspect.remembered_departures", section.get("remembered_departures", 65_536), 1 << 26, source
+        ),
+    }
+
+
+def _count(key: str, raw: Any, hi: int, source: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= hi:
+        raise ConfigError(f"{key}: got {shown(raw)} ({source}); expected an integer 0..{hi:,}")
     return raw
 
 

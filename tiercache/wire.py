@@ -7,9 +7,12 @@ Provides:
     StoreItem               write one vLLM block into (tier, slot)
     TransferJob             move blocks between tiers: source and destination tier, slots and block hashes
     StepPlan                scheduler → workers, one per engine step: loads, stores, jobs
-    StepResult              one rank's outcome of a step's loads and stores, aligned with its plan
+    StepResult              one rank's outcome of a step's loads and stores, aligned with its plan, with
+                            why each failed load failed (LoadFailure)
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
-    WorkerReport            one rank → scheduler: step results, finished jobs, errors
+    IoSample                one rank's timed copy between vLLM's cache and the tiers: direction ("load" |
+                            "store"), blocks, bytes, seconds
+    WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
 
 The scheduler side builds each item once from the manager's decisions; the worker side reads its fields. No
@@ -107,10 +110,17 @@ class StepPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadFailure:
+    index: int  # into the plan's loads
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     step: int
     loads_ok: tuple[bool, ...]  # aligned with the plan's loads
     stores_ok: tuple[bool, ...]  # aligned with the plan's stores
+    load_failures: tuple[LoadFailure, ...] = ()  # why, for loads refused on this rank (not ok)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +137,28 @@ class JobResult:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
+IO_DIRECTIONS = ("load", "store")  # an IoSample's; with the jobs' move kinds, every TRANSFER_DIRECTION
+TRANSFER_DIRECTIONS = ("load", "store", "spill", "warm")
+
+
+@dataclass(frozen=True, slots=True)
+class IoSample:
+    direction: str  # "load" (tiers → vLLM's cache) or "store" (vLLM's cache → tiers)
+    blocks: int
+    bytes: int  # bytes of the tiers' format (what the tiers hold), this rank's share
+    seconds: float  # device time on a GPU (CUDA events), wall time on a CPU
+
+    def __post_init__(self) -> None:
+        if self.direction not in IO_DIRECTIONS:
+            raise ValueError(f"IoSample.direction: expected one of {IO_DIRECTIONS}, got {self.direction!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     steps: tuple[StepResult, ...] = ()
     jobs: tuple[JobResult, ...] = ()
     errors: tuple[str, ...] = ()
+    io: tuple[IoSample, ...] = ()
 
 
 def encode(value: Any) -> bytes:

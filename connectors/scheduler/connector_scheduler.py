@@ -9,11 +9,16 @@ Provides:
         build_plan(scheduler_output) -> StepPlan                  loads + stores of newly full blocks + jobs
         observe_step(plan)                                        policy hint: the plan's loads go together
         refuse_step(reason) -> StepPlan / release_refused_step()  fallback when build_plan raised
-        on_reports(reports)                                       completions → complete_store/load/transfer
+        on_reports(reports)                                       completions → complete_store/load/transfer;
+                                                                  copy timings and failure causes → inspection
+        stats_delta() -> dict | None                              counters since the last call, occupancy
+                                                                  (vLLM's connector stats: ../metrics.py)
         request_finished(request_id), drain_events(), close()
         events                                                    recent TierEvents (bounded deque)
         inspection                                                InspectionState (tiercache.inspect), served
-                                                                  on a Unix socket unless inspect.socket "off"
+                                                                  on a Unix socket unless inspect.socket is
+                                                                  "off"; every admission is recorded there
+                                                                  (a RequestRecord) for explain_request
 
 Errors are not caught here: the connector (connectors/vllm.py) catches them where vLLM calls, and calls the
 fallbacks above, which never leave a block in flight. Loads are synchronous (vLLM's sync-load path): a block
@@ -26,18 +31,22 @@ a worker report that does not match its step counts that step's items as failed.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tiercache.config import TierCacheConfig
 from tiercache.inspect import InspectError, InspectionService, InspectionState
+from tiercache.inspect.request_log import RequestRecord, prompt_digest
+from tiercache.scheduler.events import cause_of
 from tiercache.scheduler.manager import TierManager
 from tiercache.scheduler.policies import make_policy
-from tiercache.wire import DRAM, VRAM, LoadItem, StepPlan, StoreItem, WorkerReport
+from tiercache.wire import DRAM, VRAM, LoadItem, StepPlan, StoreItem, WorkerReport, move_kind
 
 from ..common import Geometry
 from .requests import RequestTracker
+from .stats import StatsTap
 
 logger = logging.getLogger(__name__)
 MAX_RECENT_EVENTS = 100_000
@@ -79,7 +88,12 @@ class ConnectorScheduler:
         self._step = 0
         self._building: tuple[int, tuple[bytes, ...]] | None = None  # step being built, its reserved stores
         self._refused: _Refused | None = None
-        self.inspection = InspectionState()
+        self.inspection = InspectionState(
+            recent_requests=config.inspect.recent_requests,
+            remembered_departures=config.inspect.remembered_departures,
+        )
+        self.stats = StatsTap(self.inspection, self.manager)
+        self._job_kinds: dict[int, str] = {}  # job id → "spill" | "warm", until its last rank reports
         try:
             self.inspection_service = InspectionService.start(config.inspect, self.inspection)
         except InspectError as exc:  # the cache works without it; say why it is not reachable
@@ -118,6 +132,36 @@ class ConnectorScheduler:
         loaded = max(num_external_tokens, 0)
         recomputed = max(request.num_prompt_tokens - state.local_computed - loaded, 0)
         self.inspection.record_tokens(loaded=loaded, recomputed=recomputed)
+        self._remember(request, state.local_computed, loaded, recomputed, last)
+
+    def _remember(self, request, vllm_tokens: int, loaded: int, recomputed: int, last: int) -> None:
+        """The admission as inspection's explain_request will tell it: where each block of the prompt was."""
+        hashes = tuple(request.block_hashes[:last])
+        where = self.manager.where(hashes)
+        gone = self.inspection.departures.get
+        self.inspection.record_request(
+            RequestRecord(
+                request_id=request.request_id,
+                external_id=caller_id(request.request_id),
+                digest=prompt_digest(getattr(request, "prompt_token_ids", None)),
+                clock=self.manager.view().clock(),
+                wall=time.time(),
+                block_size=self.block_size,
+                block_hashes=hashes,
+                vllm_blocks=vllm_tokens // self.block_size,
+                hit_blocks=loaded // self.block_size,
+                where="".join(RequestRecord.where_code(tier, reason) for tier, reason in where),
+                unreadable={i: reason for i, (tier, reason) in enumerate(where) if tier and reason},
+                departed={
+                    i: event
+                    for i, (tier, _) in enumerate(where)
+                    if tier is None and (event := gone(hashes[i]))
+                },
+                prompt_tokens=request.num_prompt_tokens,
+                tokens_loaded=loaded,
+                tokens_recomputed=recomputed,
+            )
+        )
 
     def refuse_loads(self, request, block_ids: list[int], num_external_tokens: int) -> None:
         """After a failure in after_alloc: vLLM counts these tokens as loaded, so the workers must report
@@ -141,6 +185,8 @@ class ConnectorScheduler:
                 placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
                 stores = tuple(StoreItem(h, t, s, wanted[h]) for h, t, s in placed)
         jobs = tuple(self.manager.take_jobs())  # the last call that can fail
+        for job in jobs:
+            self._job_kinds[job.job_id] = move_kind(job.src_tier, job.dst_tier)
         loads, self._loads = tuple(self._loads), []
         self._building = None
         self._in_flight[step] = _StepRecord(
@@ -186,10 +232,12 @@ class ConnectorScheduler:
     def on_reports(self, reports: Sequence[WorkerReport]) -> None:
         """Every rank's report of one engine step: a store or load is ok only if it is ok on every rank; a
         job completes once world_size ranks reported it."""
-        steps: dict[int, tuple[list[bool], list[bool]]] = {}
+        steps: dict[int, tuple[list[bool], list[bool], dict[int, str]]] = {}
         for report in reports:
             for reason in report.errors:
                 logger.warning("tiercache: worker: %s", reason)
+            for sample in report.io:
+                self.inspection.record_io(sample.direction, sample.blocks, sample.bytes, sample.seconds)
             for result in report.steps:
                 record = self._in_flight.get(result.step)
                 if record is None:
@@ -197,29 +245,46 @@ class ConnectorScheduler:
                     continue
                 stores = _aligned(result.stores_ok, len(record.stores), result.step, "store")
                 loads = _aligned(result.loads_ok, len(record.loads), result.step, "load")
+                why = {f.index: f.reason for f in result.load_failures}
                 if result.step in steps:
-                    stores = [a and b for a, b in zip(steps[result.step][0], stores, strict=True)]
-                    loads = [a and b for a, b in zip(steps[result.step][1], loads, strict=True)]
-                steps[result.step] = (stores, loads)
-        for step, (stores_ok, loads_ok) in steps.items():
-            self._complete_step(self._in_flight.pop(step), stores_ok, loads_ok)
+                    seen_stores, seen_loads, seen_why = steps[result.step]
+                    stores = [a and b for a, b in zip(seen_stores, stores, strict=True)]
+                    loads = [a and b for a, b in zip(seen_loads, loads, strict=True)]
+                    why = {**why, **seen_why}
+                steps[result.step] = (stores, loads, why)
+        for step, (stores_ok, loads_ok, why) in steps.items():
+            self._complete_step(self._in_flight.pop(step), stores_ok, loads_ok, why)
         for report in reports:
             for job in report.jobs:
+                kind = self._job_kinds.get(job.job_id)
+                if kind is not None and job.ok:
+                    self.inspection.record_io(kind, job.blocks, job.bytes, job.seconds)
                 seen = self._job_reports.setdefault(job.job_id, [0, True])
                 seen[0] += 1
                 seen[1] = seen[1] and job.ok
                 if seen[0] >= self.world_size:
                     del self._job_reports[job.job_id]
+                    self._job_kinds.pop(job.job_id, None)
                     self.manager.complete_transfer(job.job_id, seen[1])
 
-    def _complete_step(self, record: _StepRecord, stores_ok: list[bool], loads_ok: list[bool]) -> None:
+    def _complete_step(
+        self, record: _StepRecord, stores_ok: list[bool], loads_ok: list[bool], why: dict[int, str]
+    ) -> None:
+        """why: load index → the reason a rank gave for refusing it (a failed load without one failed on
+        the worker: load_failed)."""
         for block_hash, ok in zip(record.stores, stores_ok, strict=True):
             self.manager.complete_store([block_hash], ok)
             self.counters["stored_blocks" if ok else "store_failures"] += 1
-        for (block_hash, pinned), ok in zip(record.loads, loads_ok, strict=True):
+        for i, ((block_hash, pinned), ok) in enumerate(zip(record.loads, loads_ok, strict=True)):
+            reason = "" if ok else why.get(i, "the load failed on a worker")
             if pinned:  # refused loads were never pinned: nothing to complete
-                self.manager.complete_load([block_hash], ok)
+                self.manager.complete_load([block_hash], ok, reason)
             self.counters["loaded_blocks" if ok else "load_failures"] += 1
+            if not ok:
+                self.inspection.record_failure(cause_of(reason))
+
+    def stats_delta(self) -> dict | None:
+        return self.stats.take()
 
     def request_finished(self, request_id: str) -> None:
         self.requests.finish(request_id)
@@ -238,6 +303,13 @@ class ConnectorScheduler:
             self.inspection_service.close()
             self.inspection_service = None
         self.manager.close()
+
+
+def caller_id(request_id: str) -> str | None:
+    """The id the caller gave, when vLLM made this internal one from it by appending "-" and 8 random hex
+    digits (its input processor does in 0.26, 0.32 and 0.33, unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION)."""
+    head, dash, tail = request_id.rpartition("-")
+    return head if dash and head and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail) else None
 
 
 def _aligned(oks: Sequence[bool], n: int, step: int, what: str) -> list[bool]:

@@ -11,7 +11,8 @@ Provides:
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
                                              whatever did not complete is reported failed
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
-        take_report() -> WorkerReport | None
+        take_report() -> WorkerReport | None   step results (with why each refused load was refused),
+                                             finished jobs, timed loads and stores (IoSample), errors
         shutdown()
 
 Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and decodes them on load;
@@ -34,11 +35,12 @@ import torch
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
-from tiercache.wire import JobResult, StepPlan, StepResult, WorkerReport
+from tiercache.wire import JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
 from .codec_io import decode_blocks, encode_blocks
+from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
 from .page_io import load_pages, save_pages
 
@@ -53,6 +55,7 @@ class _Step:
     loads_ok: list[bool]
     stores_ok: list[bool]
     submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
+    load_failures: list[LoadFailure] = field(default_factory=list)
     ended: bool = False  # its StepResult is recorded
 
     @classmethod
@@ -76,6 +79,7 @@ class ConnectorWorker:
         self._steps: list[StepResult] = []
         self._jobs: list[JobResult] = []
         self._errors: list[str] = []
+        self.timer: IoTimer | None = None
 
     def register(
         self, kv_caches: dict[str, torch.Tensor], backend_names: dict[str, str], cpu_isa: str | None = None
@@ -103,6 +107,7 @@ class ConnectorWorker:
                 "$TIERCACHE_CONFIG) and tiercache version"
             )
         self.tiers = TierWorker.from_config(self.config, self.layout, self.codec_id, device)
+        self.timer = IoTimer(device)
         first = next(iter(g.layer_names))
         logger.info(
             "tiercache: worker side (%s mode): %d layers on %s, cache %s %s (backend %s); pools: %d VRAM + "
@@ -151,9 +156,10 @@ class ConnectorWorker:
         return errors
 
     def take_report(self) -> WorkerReport | None:
-        if not (self._steps or self._jobs or self._errors):
+        io = tuple(self.timer.take()) if self.timer is not None else ()
+        if not (self._steps or self._jobs or self._errors or io):
             return None
-        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors))
+        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors), io)
         self._steps, self._jobs, self._errors = [], [], []
         return report
 
@@ -175,7 +181,10 @@ class ConnectorWorker:
     def _end(self, step: _Step) -> None:
         if not step.ended:
             step.ended = True
-            self._steps.append(StepResult(step.plan.step, tuple(step.loads_ok), tuple(step.stores_ok)))
+            result = StepResult(
+                step.plan.step, tuple(step.loads_ok), tuple(step.stores_ok), tuple(step.load_failures)
+            )
+            self._steps.append(result)
 
     def _load(self, step: _Step) -> None:
         todo = []
@@ -184,28 +193,31 @@ class ConnectorWorker:
             if reason:
                 self._error(f"load of block {item.block_hash.hex()[:16]} refused: {reason}")
                 self._load_errors.add(item.block_id)
+                step.load_failures.append(LoadFailure(i, reason))
             else:
                 todo.append(i)
         if not todo:
             return
         items = [step.plan.loads[i] for i in todo]
-        blocks = self.tiers.load(items)
         ids = [x.block_id for x in items]
-        if self.geometry.primary:
-            load_pages(blocks, self.page_views, ids)
-        else:
-            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
+        with self.timer.measure("load", len(items), len(items) * self.layout.block_bytes):
+            blocks = self.tiers.load(items)
+            if self.geometry.primary:
+                load_pages(blocks, self.page_views, ids)
+            else:
+                decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
         for i in todo:
             step.loads_ok[i] = True
 
     def _store(self, step: _Step) -> None:
         stores = step.plan.stores
         ids = [s.block_id for s in stores]
-        if self.geometry.primary:
-            blocks = save_pages(self.page_views, ids)
-        else:
-            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
-        self.tiers.store(stores, blocks)
+        with self.timer.measure("store", len(stores), len(stores) * self.layout.block_bytes):
+            if self.geometry.primary:
+                blocks = save_pages(self.page_views, ids)
+            else:
+                blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
+            self.tiers.store(stores, blocks)
         step.stores_ok[:] = [True] * len(stores)
 
     def _error(self, reason: str) -> None:

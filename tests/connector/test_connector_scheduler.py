@@ -12,7 +12,7 @@ from tiercache.connectors.common import Geometry
 from tiercache.connectors.metadata import TierCacheWorkerMeta
 from tiercache.connectors.scheduler import ConnectorScheduler
 from tiercache.scheduler.moves import Mover
-from tiercache.wire import JobResult, StepResult, WorkerReport
+from tiercache.wire import IoSample, JobResult, LoadFailure, StepResult, WorkerReport
 
 BS = 32
 
@@ -269,3 +269,24 @@ def test_a_malformed_worker_report_fails_its_step_and_keeps_the_rest():
     assert in_flight(sched) == (0, 0) and sched.manager.stats()["jobs_in_flight"] == 0
     assert sched.counters["store_failures"] == 2 and sched.counters["stored_blocks"] == 3
     sched.manager.check()
+
+
+def test_load_failure_reasons_reach_the_drop_the_counters_and_the_stats():
+    sched = make()
+    _, output = prefill(sched, "a", 3, [0, 1, 2])
+    sched.on_reports([all_ok(sched.build_plan(output))])
+    sched.drain_events()
+    assert sched.stats_delta()["counters"]["stores"] == 3
+    assert sched.stats_delta() is None  # nothing moved since
+    admit(sched, "b", 3, [10, 11, 12], external=3 * BS)
+    plan = sched.build_plan(step_output(new=[("b", [10, 11, 12], 3 * BS)], scheduled={"b": 5}))
+    reason = "hash mismatch: vram slot 1 holds block 0102"
+    result = StepResult(plan.step, (True, False, True), (), (LoadFailure(1, reason),))
+    sched.on_reports([WorkerReport((result,), io=(IoSample("load", 2, 4096, 0.001),))])
+    sched.drain_events()
+    drops = [e for e in sched.events if e.kind == "drop"]
+    assert len(drops) == 1 and f"load failed ({reason})" in drops[0].reason
+    delta = sched.stats_delta()
+    assert delta["counters"]["failures_hash_mismatch"] == 1
+    assert delta["counters"]["io_load_bytes"] == 4096 and delta["counters"]["io_load_us"] == 1000
+    assert delta["gauges"]["capacity_blocks_vram"] == 64 and delta["gauges"]["used_blocks_vram"] == 2

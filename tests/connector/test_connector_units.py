@@ -162,3 +162,50 @@ def test_registered_by_name_through_the_plugin_entry_point():
     register()  # idempotent: vLLM loads general plugins in every process
     cls = KVConnectorFactory.get_connector_class_by_name("TierCacheConnector")
     assert cls.__module__ == "tiercache.connectors.vllm"
+
+
+def test_prometheus_metrics_carry_each_counter_with_its_labels():
+    from functools import partial
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from tiercache.connectors.metrics import METRICS, TierCachePromMetrics, TierCacheStats
+
+    registry = CollectorRegistry()
+    types = {cls: partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)}
+    config = SimpleNamespace(kv_transfer_config=None)
+    prom = TierCachePromMetrics(config, types, ["model_name", "engine"], {0: ["m", "0"]})
+    data = {
+        "counters": {"hits_dram": 4, "misses": 2, "tokens_loaded": 128, "io_spill_bytes": 8192,
+                     "io_spill_us": 4, "evicted_drop_by_graph": 3, "failures_no_room": 1},
+        "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 4},
+    }  # fmt: skip
+    stats = TierCacheStats(data=data).aggregate(TierCacheStats(data={"counters": {"misses": 1}}))
+    prom.observe(stats.data, engine_idx=0)
+    value = lambda name, **labels: registry.get_sample_value(
+        name, {"model_name": "m", "engine": "0", **labels}
+    )
+    assert value("vllm:tiercache_hit_blocks_total", tier="dram") == 4
+    assert value("vllm:tiercache_lookup_misses_total") == 3
+    assert value("vllm:tiercache_transfer_bytes_total", direction="spill") == 8192
+    assert value("vllm:tiercache_transfer_seconds_total", direction="spill") == pytest.approx(4e-6)
+    assert value("vllm:tiercache_transfer_gbps", direction="spill") == pytest.approx(8192 / 4e-6 / 1e9)
+    assert value("vllm:tiercache_evictions_total", policy="graph", action="drop") == 3
+    assert value("vllm:tiercache_failures_total", cause="no_room") == 1
+    assert value("vllm:tiercache_occupancy", tier="vram") == 0.75
+    exported = {m.name for m in registry.collect()}
+    assert {"vllm:tiercache_" + name for name in METRICS} == exported
+    assert TierCacheStats().is_empty() and not stats.is_empty()
+
+
+def test_io_timer_on_cpu_times_the_call():
+    import time
+
+    from tiercache.connectors.worker.io_timer import IoTimer
+
+    timer = IoTimer(torch.device("cpu"))
+    with timer.measure("store", 3, 300):
+        time.sleep(0.01)
+    (sample,) = timer.take()
+    assert (sample.direction, sample.blocks, sample.bytes) == ("store", 3, 300) and sample.seconds >= 0.01
+    assert timer.take() == []

@@ -21,6 +21,8 @@ from helpers import (
     worker_side,
 )
 
+from tiercache.inspect import connect
+
 PREFIX_BLOCKS = 5
 
 
@@ -100,12 +102,21 @@ def test_corrupted_codec_id_is_recomputed(llm, baseline):
         info = sched.manager.info(block_hash)
         worker.tiers.tags.set(info.tier, [info.slot], [block_hash], "K:bogus|V:bogus")
     since, failures = len(sched.events), sched.counters["load_failures"]
-    got, _ = run(llm, [second])
+    outs = generate(llm, [second])
+    got = tokens(outs)
     assert got == [baseline[second]]
     assert sched.counters["load_failures"] > failures
     drops = [e for e in new_events(sched, since) if e.kind == "drop"]
-    assert drops and all("load failed" in e.reason for e in drops)
+    assert drops and all("load failed (codec mismatch" in e.reason for e in drops)
     assert {e.block_hash for e in drops} <= set(stored)
+    # counted by cause, and explained block by block
+    assert sched.inspection.counters["failures_codec_mismatch"] >= len(drops)
+    sched.inspection.publish(sched.manager.view(), force=True)
+    with connect(state=sched.inspection) as client:
+        why = client.explain_request(outs[0].request_id)
+    failed = [b for b in why.blocks if b.loaded_then_failed]
+    assert failed and all(b.cause == "codec_mismatch" and b.outcome == "miss" for b in failed)
+    assert {b.block_hash for b in failed} == {e.block_hash for e in drops}
 
 
 def test_failed_load_transfer_is_recomputed(llm, baseline, monkeypatch):

@@ -25,7 +25,7 @@ BAD_REQUESTS = [
     (None, "request must be a map"),
     ({}, "unknown method None"),
     ({"method": 7}, "unknown method 7"),
-    ({"method": "drop_everything"}, "valid methods: blocks, decisions, explain, ping, stats, tiers"),
+    ({"method": "drop_everything"}, "valid methods: blocks, decisions, explain, explain_request, ping"),
     ({"method": "stats", "params": [1]}, "params must be a map"),
     ({"method": "decisions", "params": {"limit": "ten"}}, "limit: expected an integer"),
     ({"method": "decisions", "params": {"limit": -1}}, "limit: expected an integer"),

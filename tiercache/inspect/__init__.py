@@ -4,10 +4,14 @@ Provides:
     connect(path=None, *, in_process=None, state=None, timeout=5.0) -> InspectClient   (client.py)
         .stats() -> Stats   .tiers() -> tuple[TierStats]   .decisions(limit=50) -> tuple[Decision]
         .explain(block_hash) -> Explanation   .blocks(tier=None, limit=100) -> tuple[BlockRecord]
+        .explain_request(request_id=None, prompt_tokens=None) -> RequestExplanation   why a recent request
+            missed, block by block (why.py: outcomes and causes)
     InspectionState      counters + recent decisions, published as immutable snapshots      (state.py)
     InspectionService    a daemon thread serving a state on a Unix socket, mode 0600         (server.py)
     ServiceLimits        what the service may take from the engine and give each client    (limits.py)
-    Stats, TierStats, TTFTStats, Decision, BlockRecord, Explanation   typed frozen results  (results.py)
+    Stats, TierStats, TTFTStats, Decision, BlockRecord, Explanation, RequestExplanation, BlockOutcome
+                         typed frozen results                                                 (results.py)
+    prompt_digest(token_ids)   how a prompt is matched to a recent request            (request_log.py)
     InspectError         every client-side failure, with what to do                         (protocol.py)
     `tiercache inspect`  the CLI (cli.py); the wire format is in protocol.py
 
@@ -50,11 +54,22 @@ missed.
 from tiercache.inspect.client import InspectClient, connect
 from tiercache.inspect.limits import ServiceLimits
 from tiercache.inspect.protocol import InspectError
-from tiercache.inspect.results import BlockRecord, Decision, Explanation, Stats, TierStats, TTFTStats
+from tiercache.inspect.request_log import prompt_digest
+from tiercache.inspect.results import (
+    BlockOutcome,
+    BlockRecord,
+    Decision,
+    Explanation,
+    RequestExplanation,
+    Stats,
+    TierStats,
+    TTFTStats,
+)
 from tiercache.inspect.server import InspectionService
 from tiercache.inspect.state import InspectionState, Snapshot
 
 __all__ = [
+    "BlockOutcome",
     "BlockRecord",
     "Decision",
     "Explanation",
@@ -62,10 +77,12 @@ __all__ = [
     "InspectError",
     "InspectionService",
     "InspectionState",
+    "RequestExplanation",
     "ServiceLimits",
     "Snapshot",
     "Stats",
     "TTFTStats",
     "TierStats",
     "connect",
+    "prompt_digest",
 ]

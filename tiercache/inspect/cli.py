@@ -1,6 +1,6 @@
 """`tiercache inspect`: tier occupancy, hit rates and the latest decisions of a running tiercache.
 
-    tiercache inspect [--socket PATH] [--decisions N] [--blocks N] [--explain HASH] [--json]
+    tiercache inspect [--socket PATH] [--decisions N] [--blocks N] [--explain HASH] [--why ID] [--json]
     tiercache inspect --list [--json]     the live sockets (one engine each), newest first
 
 Without --socket it finds the newest live socket (see tiercache.inspect.paths). --json prints the same
@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decisions", type=_count, default=20, metavar="N", help="latest decisions (20)")
     parser.add_argument("--blocks", type=_count, default=0, metavar="N", help="most recently used blocks (0)")
     parser.add_argument("--explain", metavar="HASH", help="why a block is where it is (hex, or a prefix)")
+    parser.add_argument(
+        "--why", metavar="REQUEST_ID", help="why a recent request missed, block by block (vLLM's or your id)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--timeout", type=_seconds, default=5.0, metavar="S", help="seconds for each whole request (5)"
@@ -52,6 +55,8 @@ def _report(args: argparse.Namespace) -> int:
         report["blocks"] = client.blocks(limit=args.blocks) if args.blocks else ()
         if args.explain:
             report["explain"] = client.explain(args.explain)
+        if args.why:
+            report["why"] = client.explain_request(args.why)
     print(json.dumps(_plain(report), indent=2) if args.json else render(report))
     return 0
 
@@ -130,7 +135,38 @@ def render(report: Mapping[str, Any]) -> str:
         lines += ["", f"explain {x.block_hash.hex()}", f"  {x.summary}"]
         if x.components:
             lines.append("  components: " + _components(x.components))
+    if "why" in report:
+        lines += ["", *render_why(report["why"])]
     return "\n".join(lines)
+
+
+def render_why(x) -> list[str]:
+    """A request's explanation: the summary, then one row per run of blocks with the same outcome."""
+    lines = [f"request {x.external_id or x.request_id} ({x.age_s:.1f}s ago)", f"  {x.summary}"]
+    rows, run = [], None
+    for b in x.blocks:
+        key = (b.outcome, b.tier, b.cause, (b.event or {}).get("policy"))
+        if run is not None and run[0] == key:
+            run[2] = b.index
+            continue
+        if run is not None:
+            rows.append(_why_row(*run))
+        run = [key, b, b.index]
+    if run is not None:
+        rows.append(_why_row(*run))
+    return [*lines, "", *_table(("BLOCKS", "OUTCOME", "TIER", "CAUSE", "FIRST BLOCK", "DETAIL"), rows)]
+
+
+def _why_row(key, first, last: int) -> tuple:
+    span = f"{first.index}" if last == first.index else f"{first.index}-{last}"
+    e = first.event or {}
+    detail = first.note or ""
+    if e:
+        score = f", score {e['score']:.3g}" if isinstance(e.get("score"), int | float) else ""
+        by = f" by {e['policy']}" if e.get("policy") else ""
+        detail = f"{e.get('age_s', 0.0):.1f}s ago{by}{score}: {e.get('reason', '')}"
+    cause = (first.cause or "").replace("_", " ")
+    return span, first.outcome, first.tier or "", cause, first.block_hash.hex()[:16], detail
 
 
 def _tier_rows(s) -> list[tuple]:

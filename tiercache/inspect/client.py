@@ -11,6 +11,9 @@ Provides:
         stats() -> Stats            tiers() -> tuple[TierStats, ...]
         decisions(limit=50, kinds=None) -> tuple[Decision, ...]          newest first
         explain(block_hash) -> Explanation      bytes, or hex (a unique prefix of a recent hash is enough)
+        explain_request(request_id=None, prompt_tokens=None) -> RequestExplanation   why a recent request
+                                    missed, block by block: by vLLM's request id or the caller's, or by the
+                                    prompt's token ids (matched by digest against the recent requests)
         blocks(tier=None, limit=100) -> tuple[BlockRecord, ...]          most recently used first
         ping() -> dict, where (socket path or "in-process"), close(); a context manager
 Thread-safe (one request at a time per client). Over a socket, `timeout` bounds each whole request
@@ -45,10 +48,12 @@ from tiercache.inspect.protocol import (
     unpack_body,
     unpack_request,
 )
+from tiercache.inspect.request_log import prompt_digest
 from tiercache.inspect.results import (
     BlockRecord,
     Decision,
     Explanation,
+    RequestExplanation,
     Stats,
     TierStats,
     expect_list,
@@ -204,6 +209,18 @@ class InspectClient:
 
     def explain(self, block_hash: bytes | str) -> Explanation:
         return self._parsed("explain", Explanation.from_dict, block_hash=block_hash)
+
+    def explain_request(
+        self, request_id: str | None = None, prompt_tokens: list[int] | None = None
+    ) -> RequestExplanation:
+        if (request_id is None) == (prompt_tokens is None):
+            raise InspectError(
+                "explain_request: pass request_id or prompt_tokens (the prompt's token ids), one"
+            )
+        if request_id is not None:
+            return self._parsed("explain_request", RequestExplanation.from_dict, request_id=str(request_id))
+        digest = prompt_digest(list(prompt_tokens))
+        return self._parsed("explain_request", RequestExplanation.from_dict, prompt_digest=digest)
 
     def blocks(self, tier: str | None = None, limit: int = 100) -> tuple[BlockRecord, ...]:
         rows = lambda r: tuple(map(BlockRecord.from_dict, expect_list(r, "blocks")))

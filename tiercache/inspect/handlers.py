@@ -6,10 +6,11 @@ Provides:
     MAX_LIMIT (1000), MAX_FILTER (16), MAX_HASH_BYTES (64)   bounds of `limit`, of a `kinds` filter and of
                                          a block hash, checked before any work
 
-Every answer except `explain` comes from the state's published Snapshot (immutable). `explain` also does
-point reads of live state (see explain.py): one block of the manager's view (read without a lock: a block
-moving at that instant may show fields from adjacent steps) and one block's graph counters under the
-graph's own lock. Work per request is bounded: parameters are checked (sizes first) before anything is
+Every answer except `explain` and `explain_request` comes from the state's published Snapshot (immutable).
+`explain` also does point reads of live state (see explain.py): one block of the manager's view (read
+without a lock: a block moving at that instant may show fields from adjacent steps) and one block's graph
+counters under the graph's own lock; `explain_request` point-reads the request log and the departures
+(request_log.py). Work per request is bounded: parameters are checked (sizes first) before anything is
 read, results hold at most MAX_LIMIT rows, and a long result is built in slices of SLICE rows with the GIL
 let go between them, so that the scheduler thread never waits for more than a slice.
 Error messages quote a request's values shortened (errors.shown), whatever their size or nesting.
@@ -28,12 +29,15 @@ from tiercache.inspect.explain import explain
 from tiercache.inspect.protocol import PROTOCOL_VERSION
 from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
 from tiercache.inspect.state import DECISION_KINDS, InspectionState, Snapshot
+from tiercache.inspect.why import explain_request
 from tiercache.wire import TIERS
 
 logger = logging.getLogger(__name__)
 MAX_LIMIT = 1000
 MAX_FILTER = 16
 MAX_HASH_BYTES = 64
+MAX_ID_CHARS = 512
+DIGEST_BYTES = 16
 SLICE = 64
 
 
@@ -220,6 +224,22 @@ def _block_hash(raw: Any) -> bytes | str:
     )
 
 
+def _explain_request(state: InspectionState, params: dict) -> dict[str, Any]:
+    request_id, digest = params.get("request_id"), params.get("prompt_digest")
+    if (request_id is None) == (digest is None):
+        raise RequestError("explain_request: give exactly one of request_id (str) or prompt_digest (bytes)")
+    if request_id is not None and not (isinstance(request_id, str) and 0 < len(request_id) <= MAX_ID_CHARS):
+        raise RequestError(
+            f"request_id: expected a string of 1..{MAX_ID_CHARS} characters, got {shown(request_id, 80)}"
+        )
+    if digest is not None and not (isinstance(digest, bytes) and len(digest) == DIGEST_BYTES):
+        raise RequestError(
+            f"prompt_digest: expected {DIGEST_BYTES} bytes (inspect.request_log.prompt_digest of token ids), "
+            f"got {shown(digest, 80)}"
+        )
+    return explain_request(state, _snapshot(state), request_id if request_id is not None else digest)
+
+
 METHODS = {
     "ping": _ping,
     "stats": _stats,
@@ -227,5 +247,6 @@ METHODS = {
     "decisions": _decisions,
     "blocks": _blocks,
     "explain": _explain,
+    "explain_request": _explain_request,
 }
 __all__ = ["METHODS", "handle"]

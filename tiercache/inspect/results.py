@@ -7,6 +7,8 @@ Provides:
     Decision       one eviction / drop / warm / failed move, with reason, policy, score and components
     BlockRecord    one stored block: tier, slot, hits, ages, in-flight state
     Explanation    explain(): the block now, its score components, recent decisions about it, a summary
+    RequestExplanation   explain_request(): per block of a recent prompt, where its KV came from or why it
+                   missed (BlockOutcome), tokens by source, a summary (causes: tiercache/inspect/why.py)
     expect_map(value, what) / expect_list(value, what)   a reply's container, or InspectError
 Every from_dict checks what it reads against the field's type (int, float, str, bytes, bool, optional,
 Mapping[str, …] of plain values nested at most MAX_NESTING deep): a malformed reply raises InspectError
@@ -264,3 +266,49 @@ class Explanation:
 
     def __str__(self) -> str:
         return f"{self.block_hash.hex()[:16]}: {self.summary}"
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    index: int  # block of the prompt
+    block_hash: bytes
+    outcome: str  # vllm | hit | miss
+    tier: str | None  # hit: the tier it was loaded from; miss: where it was stored at admission, if anywhere
+    cause: str | None = None  # miss: never_stored, evicted, hash_mismatch, … (why.MISS_CAUSES)
+    note: str | None = None
+    event: Mapping[str, Any] | None = (
+        None  # the departure behind the cause: kind, age_s, reason, tier, policy,
+    )
+    #                                         score, components
+    loaded_then_failed: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BlockOutcome:
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class RequestExplanation:
+    request_id: str
+    external_id: str | None
+    age_s: float  # since admission
+    block_size: int
+    prompt_tokens: int
+    tokens_vllm: int  # from vLLM's own prefix cache
+    tokens_loaded: int  # loaded by tiercache
+    tokens_recomputed: int
+    first_miss: int | None
+    blocks: tuple[BlockOutcome, ...]
+    summary: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RequestExplanation:
+        data = expect_map(data, "RequestExplanation")
+        blocks = expect_list(data.get("blocks", ()), "RequestExplanation.blocks")
+        return _build(cls, data, blocks=tuple(BlockOutcome.from_dict(b) for b in blocks))
+
+    def misses(self) -> tuple[BlockOutcome, ...]:
+        return tuple(b for b in self.blocks if b.outcome == "miss")
+
+    def __str__(self) -> str:
+        return f"request {self.external_id or self.request_id}: {self.summary}"

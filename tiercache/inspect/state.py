@@ -3,11 +3,18 @@ as immutable snapshots that the server thread reads without locks.
 
 Provides:
     InspectionState(max_decisions=1000, max_blocks=256, max_ttft=10_000, bytes_per_block=None,
-                    min_interval=0.1)       bytes_per_block: {"vram": n, "dram": n} adds bytes to tiers()
+                    min_interval=0.1, recent_requests=128, remembered_departures=65_536)
+                                            bytes_per_block: {"vram": n, "dram": n} adds bytes to tiers()
         record(events)                      scheduler thread, every step: counters + recent decisions (cheap:
                                             a few dict increments per event; decisions are kept as the
-                                            frozen events themselves, converted only when someone asks)
+                                            frozen events themselves, converted only when someone asks),
+                                            and each block's last departure (request_log.Departures)
         record_tokens(loaded, recomputed)   tokens served from the tiers vs computed by vLLM (optional)
+        record_request(record)              one admission (request_log.RequestRecord), for explain_request
+        record_io(direction, blocks, nbytes, seconds)   a timed copy: load, store (IoSample), spill, warm
+        record_failure(cause)               a failed load, by cause (events.CAUSES); failed stores and moves
+                                            are counted from their events
+        counters                            cumulative, plain ints: what stats() and vLLM's metrics read
         record_ttft(seconds, hit)           one time-to-first-token sample, with or without a cache hit
         close()                             leave the in-process registry (optional; a dropped state leaves)
         publish(view, force=False) -> bool  builds a Snapshot of a ManagerView (manager.view()) and swaps it
@@ -35,18 +42,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tiercache.scheduler.events import TierEvent
+from tiercache.inspect.request_log import Departures, RequestLog, RequestRecord
+from tiercache.scheduler.events import TierEvent, cause_of
 from tiercache.scheduler.views import BlockView, ManagerView, TierView
-from tiercache.wire import TIERS
+from tiercache.wire import TIERS, TRANSFER_DIRECTIONS
 
 DECISION_KINDS = ("eviction", "drop", "warm", "spill")
 _KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
 _HIT_KEY = {tier: "hits_" + tier for tier in TIERS}
 _FROM_KEY = {tier: "evictions_from_" + tier for tier in TIERS}
 _MOVE_KEY = {(k, s): f"{k}s_{s}" for k in ("spill", "warm") for s in ("planned", "done", "failed")}
+_IO_KEYS = {d: (f"io_{d}_blocks", f"io_{d}_bytes", f"io_{d}_us") for d in TRANSFER_DIRECTIONS}
 _COUNTERS = (
     *_HIT_KEY.values(), *_FROM_KEY.values(), *_MOVE_KEY.values(), "events", "misses", "stores",
     "store_failures", "evictions", "evictions_dropped", "drops", "tokens_loaded", "tokens_recomputed",
+    *(key for keys in _IO_KEYS.values() for key in keys),
 )  # fmt: skip
 _LIVE: list[weakref.ref] = []
 _LIVE_LOCK = threading.Lock()
@@ -81,6 +91,8 @@ class InspectionState:
         max_ttft: int = 10_000,
         bytes_per_block: Mapping[str, int] | None = None,
         min_interval: float = 0.1,
+        recent_requests: int = 128,
+        remembered_departures: int = 65_536,
     ) -> None:
         if max_decisions < 1 or max_blocks < 0 or max_ttft < 1:
             raise ValueError(
@@ -93,6 +105,8 @@ class InspectionState:
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)  # a plain dict: the fastest += path
         self.decisions: deque[TierEvent] = deque(maxlen=max_decisions)
         self.ttft: dict[bool, deque[float]] = {True: deque(maxlen=max_ttft), False: deque(maxlen=max_ttft)}
+        self.requests = RequestLog(recent_requests)
+        self.departures = Departures(remembered_departures)
         self.snapshot: Snapshot | None = None
         self.view: ManagerView | None = None
         self.owner_thread: int | None = None  # the thread that records (the scheduler's)
@@ -111,7 +125,7 @@ class InspectionState:
 
     # ----------------------------------------------------------------- scheduler thread
     def record(self, events: Iterable[TierEvent]) -> None:
-        c, keep = self.counters, self.decisions.append
+        c, keep, departed = self.counters, self.decisions.append, self.departures.record
         self.owner_thread = threading.get_ident()
         n = 0
         for e in events:
@@ -123,26 +137,48 @@ class InspectionState:
                 c[_MOVE_KEY[kind, e.stage]] += 1
                 if e.stage in _KEEP_STAGES[kind]:
                     keep(e)
+                if e.stage == "failed":
+                    _add(c, "failures_transfer_failed")
             elif kind == "eviction":
                 c["evictions"] += 1
-                key = "evictions_by_" + e.policy
-                c[key] = c.get(key, 0) + 1
+                _add(c, "evictions_by_" + e.policy)
                 c[_FROM_KEY[e.tier_from]] += 1
                 if e.tier_to is None:
                     c["evictions_dropped"] += 1
+                    departed(e)
+                _add(c, f"evicted_{'spill' if e.tier_to else 'drop'}_by_{e.policy}")
                 keep(e)
             elif kind == "store":
-                c["stores" if e.stored else "store_failures"] += 1
+                if e.stored:
+                    c["stores"] += 1
+                else:
+                    c["store_failures"] += 1
+                    _add(c, "failures_" + cause_of(e.reason))
+                    departed(e)
             elif kind == "miss":
                 c["misses"] += 1
             elif kind == "drop":
                 c["drops"] += 1
+                departed(e)
                 keep(e)
         c["events"] += n
 
     def record_tokens(self, loaded: int = 0, recomputed: int = 0) -> None:
         self.counters["tokens_loaded"] += loaded
         self.counters["tokens_recomputed"] += recomputed
+
+    def record_request(self, record: RequestRecord) -> None:
+        self.requests.add(record)
+
+    def record_io(self, direction: str, blocks: int, nbytes: int, seconds: float) -> None:
+        c = self.counters
+        k_blocks, k_bytes, k_us = _IO_KEYS[direction]
+        c[k_blocks] += blocks
+        c[k_bytes] += nbytes
+        c[k_us] += round(seconds * 1e6)
+
+    def record_failure(self, cause: str) -> None:
+        _add(self.counters, "failures_" + cause)
 
     def record_ttft(self, seconds: float, hit: bool) -> None:
         self.ttft[bool(hit)].append(float(seconds))
@@ -190,6 +226,10 @@ class InspectionState:
             out["capacity_bytes"] = tier.capacity_blocks * per_block
             out["used_bytes"] = tier.used_slots * per_block
         return out
+
+
+def _add(counters: dict[str, int], key: str) -> None:
+    counters[key] = counters.get(key, 0) + 1
 
 
 def live_states() -> list[InspectionState]:

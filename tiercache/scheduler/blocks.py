@@ -38,7 +38,7 @@ class BlockEntry:
     stored_at: float
     last_access: float
     ready: bool = False  # False while its store is in flight
-    bad: bool = False  # a load of it failed: never served again, dropped once idle
+    bad: str = ""  # why a load of it failed (non-empty: never served again, dropped once idle)
     refs: int = 0  # loads in flight
     hits: int = 0
     move: PendingMove | None = None

@@ -10,6 +10,8 @@ Provides:
     EvictionEvent                   a victim the manager took: tier_from, tier_to (DRAM = spilled, None =
                                     dropped), the policy actually used, score, score components, snapshot age
     DropEvent                       a block left the tiers without a policy choice (failed load/store, clear)
+    CAUSES, cause_of(reason) -> str one of CAUSES for the reason of a failure (a load, store or move that
+                                    did not happen): a bounded label for counters and explanations
 
 Drained by the caller with TierManager.take_events(); the eviction policy sees each one (policy.observe), and
 the graph learns the blocks' tiers from them.
@@ -93,3 +95,26 @@ class DropEvent(TierEvent):
     tier: str = VRAM
     slot: int = -1
     kind: ClassVar[str] = "drop"
+
+
+CAUSES = (
+    "hash_mismatch", "codec_mismatch", "no_room", "store_aborted", "store_failed", "load_refused",
+    "load_failed", "transfer_failed", "other",
+)  # fmt: skip
+_CAUSE_WORDS = (  # first match wins: the reasons the manager, the connector and the workers write
+    ("hash mismatch", "hash_mismatch"),
+    ("codec mismatch", "codec_mismatch"),
+    ("no room", "no_room"),
+    ("aborted", "store_aborted"),
+    ("prepare_store failed", "store_aborted"),
+    ("store failed", "store_failed"),
+    ("storing failed", "store_failed"),
+    ("refused", "load_refused"),
+    ("load", "load_failed"),
+    ("transfer", "transfer_failed"),
+)
+
+
+def cause_of(reason: str) -> str:
+    text = reason.lower()
+    return next((cause for words, cause in _CAUSE_WORDS if words in text), "other")

@@ -87,6 +87,17 @@ class TierManager(TierManagerBase):
                 self._emit(HitEvent, block_hash, "lookup", tier=entry.tier, slot=entry.slot)
         return len(hashes)
 
+    def where(self, hashes: Sequence[bytes]) -> list[tuple[str | None, str | None]]:
+        """(tier, why a load cannot be served now) per block: (None, "not stored"), (tier, None) when
+        readable. No events, no state change (for the per-request record of inspection)."""
+        out = []
+        for block_hash in hashes:
+            entry = self._index.get(block_hash)
+            out.append(
+                (None, "not stored") if entry is None else (entry.tier, entry.unreadable(self.codec_id))
+            )
+        return out
+
     def info(self, block_hash: bytes) -> BlockInfo | None:
         """Where a block is and how it has been used (None if not stored)."""
         entry = self._index.get(block_hash)
@@ -114,18 +125,19 @@ class TierManager(TierManagerBase):
             raise
         return out
 
-    def complete_load(self, hashes: Sequence[bytes], ok: bool = True) -> None:
+    def complete_load(self, hashes: Sequence[bytes], ok: bool = True, reason: str = "") -> None:
+        """reason: why the load failed (recorded on the block's DropEvent)."""
         for block_hash in hashes:
             entry = self._index.get(block_hash)
             if entry is None or entry.refs <= 0:
                 raise ValueError(f"complete_load: block {block_hash.hex()[:16]} has no load in flight")
             entry.refs -= 1
             if not ok:
-                entry.bad = True
+                entry.bad = f"load failed ({reason})" if reason else "load failed"
             if entry.refs == 0:
                 self._release_retired(entry)
             if entry.bad and entry.idle:
-                self._drop(entry, "load failed: block will be recomputed")
+                self._drop(entry, f"{entry.bad}: block will be recomputed")
 
     def touch(self, hashes: Sequence[bytes]) -> None:
         now = self.clock()
@@ -164,6 +176,10 @@ class TierManager(TierManagerBase):
         take = n_vram + n_dram
         if take < len(new):
             self._log_no_room(len(new), take)
+            for block_hash in new[take:]:
+                self._emit(
+                    StoreEvent, block_hash, "no room: every slot pinned or in flight", slot=-1, stored=False
+                )
             if take == 0:
                 return None
         placed = [(VRAM, s) for s in self._alloc[VRAM].allocate(n_vram)]
@@ -236,7 +252,7 @@ class TierManager(TierManagerBase):
                 reason = f"transfer failed: block stays in {entry.tier}"
                 self._emit_move(job, block_hash, "failed", entry.slot, dst, reason)
             if entry.bad and entry.idle:
-                self._drop(entry, "load failed: block will be recomputed")
+                self._drop(entry, f"{entry.bad}: block will be recomputed")
         self._alloc[job.src_tier].free(released)
         self._alloc[job.dst_tier].free(failed)
 

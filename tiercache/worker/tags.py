@@ -38,9 +38,9 @@ class SlotTags:
             return f"{tier} slot {slot} is out of range [0, {len(tags)})"
         held = tags[slot]
         if held is None:
-            return f"{tier} slot {slot} holds no block"
+            return f"hash mismatch: {tier} slot {slot} holds no block"
         if held[0] != block_hash:
-            return f"{tier} slot {slot} holds block {held[0].hex()[:16]}"
+            return f"hash mismatch: {tier} slot {slot} holds block {held[0].hex()[:16]}"
         if held[1] != codec_id:
             return f"codec mismatch: {tier} slot {slot} holds {held[1]}, this worker uses {codec_id}"
         return None

@@ -1,0 +1,139 @@
+"""What inspection remembers to answer "why did this request miss?": the recent requests as admitted, and the
+last departure of each block that left the tiers.
+
+Provides:
+    RequestRecord        one admission: ids, prompt digest, the prompt's block hashes and where each block
+                         was at that moment (.where: one character per block, see WHERE), the reason of
+                         each block that was stored but could not be loaded, the last departure of each
+                         block that was not stored (taken at admission: the request may store it again, and
+                         it may leave again), tokens by source
+    RequestLog(size)     the `size` most recent admissions; .add(record), .find(key) -> RequestRecord | None
+                         (key: a request id, vLLM's internal or the caller's, or a prompt digest)
+    Departures(size)     block hash → the event that took it out of the tiers (an eviction that dropped it,
+                         a drop after a failed load, a store that failed or found no room), for the `size`
+                         most recently departed blocks; .record(event), .get(block_hash), .forgotten
+    prompt_digest(token_ids) -> bytes   16 bytes naming a prompt (blake2b of its token ids)
+
+Written on the scheduler thread; read on the inspection thread by point reads only (dict.get, which the GIL
+makes atomic), never by iterating a structure the scheduler is changing.
+Memory: a record keeps its prompt's block hashes (≈ 75 B per block: 32 K tokens in blocks of 16 ≈ 150 KB),
+so `inspect.recent_requests` bounds it; a departure keeps one frozen event (≈ 250 B).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tiercache.scheduler.events import DropEvent, EvictionEvent, StoreEvent, TierEvent
+from tiercache.wire import DRAM, VRAM
+
+# RequestRecord.where: one character per block of the prompt that was looked up
+WHERE = {
+    "v": VRAM,
+    "d": DRAM,
+    "-": None,
+}  # stored and readable in that tier; "-": not stored; "x": unreadable
+_CODE = {VRAM: "v", DRAM: "d"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str  # vLLM's (internal) id
+    external_id: str | None  # the id the caller gave, when vLLM made the internal one from it
+    digest: bytes | None  # prompt_digest of the prompt's token ids (None: no token ids, e.g. embeddings)
+    clock: float  # the manager's clock at admission (events carry times on this clock)
+    wall: float  # time.time() at admission
+    block_size: int
+    block_hashes: tuple[
+        bytes, ...
+    ]  # the blocks looked up: every full block but the one holding the last token
+    vllm_blocks: int  # leading blocks vLLM's own prefix cache already had
+    hit_blocks: int  # blocks after those that tiercache served
+    where: str  # per block of block_hashes (vLLM's leading ones included): v, d, - or x
+    unreadable: Mapping[int, str]  # block index → why a stored block could not be loaded ("x" in where)
+    departed: Mapping[int, TierEvent]  # block index → its last departure before admission ("-" in where)
+    prompt_tokens: int
+    tokens_loaded: int
+    tokens_recomputed: int
+
+    @staticmethod
+    def where_code(tier: str | None, reason: str | None) -> str:
+        if tier is None:
+            return "-"
+        return "x" if reason else _CODE[tier]
+
+
+class RequestLog:
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"RequestLog: size must be ≥ 0, got {size}")
+        self.size = size
+        self._records: OrderedDict[str, RequestRecord] = OrderedDict()
+        self._aliases: dict[bytes | str, str] = {}  # external id or digest → newest request id
+
+    def add(self, record: RequestRecord) -> None:
+        if self.size == 0:
+            return
+        records = self._records
+        records.pop(record.request_id, None)
+        records[record.request_id] = record
+        for alias in (record.external_id, record.digest):
+            if alias is not None:
+                self._aliases[alias] = record.request_id
+        while len(records) > self.size:
+            _, old = records.popitem(last=False)
+            for alias in (old.external_id, old.digest):
+                if alias is not None and self._aliases.get(alias) == old.request_id:
+                    del self._aliases[alias]
+
+    def find(self, key: str | bytes) -> RequestRecord | None:
+        if isinstance(key, str):
+            found = self._records.get(key)
+            if found is not None:
+                return found
+        request_id = self._aliases.get(key)
+        return None if request_id is None else self._records.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+class Departures:
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"Departures: size must be ≥ 0, got {size}")
+        self.size = size
+        self.forgotten = 0  # departures pushed out by newer ones
+        self._events: OrderedDict[bytes, TierEvent] = OrderedDict()
+
+    def record(self, event: TierEvent) -> None:
+        """Keep the event if it took its block out of the tiers (ignores the others)."""
+        if not is_departure(event) or self.size == 0:
+            return
+        events = self._events
+        events.pop(event.block_hash, None)
+        events[event.block_hash] = event
+        if len(events) > self.size:
+            events.popitem(last=False)
+            self.forgotten += 1
+
+    def get(self, block_hash: bytes) -> TierEvent | None:
+        return self._events.get(block_hash)
+
+
+def is_departure(event: TierEvent) -> bool:
+    if isinstance(event, EvictionEvent):
+        return event.tier_to is None
+    if isinstance(event, StoreEvent):
+        return not event.stored
+    return isinstance(event, DropEvent)
+
+
+def prompt_digest(token_ids: Sequence[int] | None) -> bytes | None:
+    if token_ids is None:
+        return None
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
