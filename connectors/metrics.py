@@ -3,10 +3,12 @@ step, logs in its periodic "KV Transfer metrics" line and exports to Prometheus 
 KVConnectorBase_V1.get_kv_connector_stats / build_kv_connector_stats / build_prom_metrics).
 
 Provides:
-    TierCacheStats(data)          KVConnectorStats over {"counters": {name: increase}, "gauges": {name:
-                                  value}} (connectors/scheduler/stats.py makes it): aggregate() adds
-                                  counters and keeps the newer gauges, reduce() is the log line
-    TierCachePromMetrics(...)     KVConnectorPromMetrics: the Prometheus metrics below, per engine
+    TierCacheStats(data)          KVConnectorStats over {"totals": {name: count since start}, "gauges":
+                                  {name: value}} (connectors/scheduler/stats.py makes it, and says why
+                                  totals): aggregate() keeps the newest, reduce() is the log line (totals
+                                  since start, GB/s since start)
+    TierCachePromMetrics(...)     KVConnectorPromMetrics: the Prometheus metrics below, per engine; a
+                                  counter grows by the increase of its total since the last observe
     METRICS                       name → help text of every metric exported
 
 Prometheus names (counters end in _total when exported):
@@ -17,7 +19,8 @@ Prometheus names (counters end in _total when exported):
     vllm:tiercache_transfer_{blocks,bytes,seconds}{direction}   load, store (vLLM's cache ↔ tiers),
                                                 spill, warm (VRAM ↔ DRAM); bytes in the tiers' format,
                                                 summed over ranks; seconds per rank, summed
-    vllm:tiercache_transfer_gbps{direction}     bytes / seconds of the latest interval with traffic (per rank)
+    vllm:tiercache_transfer_gbps{direction}     bytes / seconds since start, per rank (a copy's seconds may
+                                                reach the scheduler a step after its bytes)
     vllm:tiercache_evictions{policy,action}     victims by the policy that chose them; action spill | drop
     vllm:tiercache_failures{cause}              loads, stores and moves that did not happen, by cause
                                                 (tiercache.scheduler.events.CAUSES)
@@ -45,7 +48,7 @@ METRICS = {
     "transfer_blocks": "Blocks copied by tiercache, by direction (load, store, spill, warm).",
     "transfer_bytes": "Bytes (tiercache's format) copied, by direction, summed over ranks.",
     "transfer_seconds": "Seconds spent copying, by direction, summed over ranks.",
-    "transfer_gbps": "GB/s per rank of the latest interval with traffic, by direction.",
+    "transfer_gbps": "GB/s per rank since start (transfer_bytes / transfer_seconds), by direction.",
     "evictions": "Blocks evicted, by the policy that chose them and the action (spill, drop).",
     "failures": "Loads, stores and moves that did not happen, by cause.",
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
@@ -74,28 +77,31 @@ _IO = {"blocks": "transfer_blocks", "bytes": "transfer_bytes", "us": "transfer_s
 class TierCacheStats(KVConnectorStats):
     def __post_init__(self) -> None:
         self.data = {
-            "counters": dict(self.data.get("counters", {})),
+            "totals": dict(self.data.get("totals", {})),
             "gauges": dict(self.data.get("gauges", {})),
         }
 
     def reset(self) -> None:
-        self.data = {"counters": {}, "gauges": {}}
+        self.data = {"totals": {}, "gauges": {}}
 
     def is_empty(self) -> bool:
-        return not self.data["counters"]
+        return not self.data["totals"]
 
     def aggregate(self, other: KVConnectorStats) -> TierCacheStats:
+        """Totals only grow: the larger of each (a restarted engine's smaller totals wait for the next
+        interval); the other's gauges (newer)."""
         if not isinstance(other, TierCacheStats):
             raise TypeError(f"cannot aggregate TierCacheStats with {type(other).__name__}")
-        counters = self.data["counters"]
-        for key, value in other.data["counters"].items():
-            counters[key] = counters.get(key, 0) + value
+        totals = self.data["totals"]
+        for key, value in other.data["totals"].items():
+            totals[key] = max(totals.get(key, 0), value)
         self.data["gauges"].update(other.data["gauges"])
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        """The log line: hits per tier, tokens by source, GB/s per direction, evictions, failures, use."""
-        c, g = self.data["counters"], self.data["gauges"]
+        """The log line, since start: hits per tier, tokens by source, GB and GB/s per direction, evictions,
+        failures; and each tier's use now."""
+        c, g = self.data["totals"], self.data["gauges"]
         out: dict[str, int | float] = {f"tiercache_hits_{t}": c.get("hits_" + t, 0) for t in TIERS}
         out["tiercache_misses"] = c.get("misses", 0)
         out["tiercache_tokens_loaded"] = c.get("tokens_loaded", 0)
@@ -119,6 +125,7 @@ class TierCachePromMetrics(KVConnectorPromMetrics):
     def __init__(self, vllm_config, metric_types, labelnames: list[str], per_engine_labelvalues) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._metrics: dict[str, Any] = {}
+        self._seen: dict[int, dict[str, int]] = {}  # engine → the totals last observed
         for name, doc in METRICS.items():
             labels = [*labelnames, *_EXTRA_LABELS.get(name, [])]
             full = "vllm:tiercache_" + name
@@ -133,15 +140,19 @@ class TierCachePromMetrics(KVConnectorPromMetrics):
         return self._metrics[name].labels(*self.per_engine_labelvalues[engine_idx], *extra)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        counters = transfer_stats_data.get("counters", {})
+        totals = transfer_stats_data.get("totals", {})
         gauges = transfer_stats_data.get("gauges", {})
-        for key, value in counters.items():
+        seen = self._seen.setdefault(engine_idx, {})
+        for key, total in totals.items():
             labelled = _counter_of(key)
-            if labelled is not None and value > 0:
+            before = seen.get(key, 0)
+            seen[key] = total
+            increase = total - before if total >= before else total  # smaller: the engine restarted
+            if labelled is not None and increase > 0:
                 name, extra, scale = labelled
-                self._child(name, engine_idx, *extra).inc(value * scale)
+                self._child(name, engine_idx, *extra).inc(increase * scale)
         for d in TRANSFER_DIRECTIONS:
-            nbytes, us = counters.get(f"io_{d}_bytes", 0), counters.get(f"io_{d}_us", 0)
+            nbytes, us = totals.get(f"io_{d}_bytes", 0), totals.get(f"io_{d}_us", 0)
             if nbytes and us:
                 self._child("transfer_gbps", engine_idx, d).set(nbytes / us / 1e3)
         for t in TIERS:

@@ -151,11 +151,11 @@ class TierCacheConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ metrics (vLLM's stats path)
     def get_kv_connector_stats(self) -> TierCacheStats | None:
-        """Scheduler side: what changed since the last call (vLLM calls it every step, after
-        update_connector_output). Workers report through the scheduler, so their side returns None."""
+        """Scheduler side: the counters since start, when any moved since the last call (vLLM calls it every
+        step, after update_connector_output). Workers report through the scheduler: their side has none."""
         if self.scheduler is None:
             return None
-        data = _guarded("collecting metrics", "this interval's metrics are lost", self.scheduler.stats_delta)
+        data = _guarded("collecting metrics", "this interval's metrics are lost", self.scheduler.stats_update)
         return None if data is None else TierCacheStats(data=data)
 
     @classmethod

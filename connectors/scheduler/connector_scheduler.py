@@ -11,8 +11,8 @@ Provides:
         refuse_step(reason) -> StepPlan / release_refused_step()  fallback when build_plan raised
         on_reports(reports)                                       completions → complete_store/load/transfer;
                                                                   copy timings and failure causes → inspection
-        stats_delta() -> dict | None                              counters since the last call, occupancy
-                                                                  (vLLM's connector stats: ../metrics.py)
+        stats_update() -> dict | None                             counters since start, occupancy; None if
+                                                                  unchanged (vLLM's connector stats)
         request_finished(request_id), drain_events(), close()
         events                                                    recent TierEvents (bounded deque)
         inspection                                                InspectionState (tiercache.inspect), served
@@ -283,7 +283,7 @@ class ConnectorScheduler:
             if not ok:
                 self.inspection.record_failure(cause_of(reason))
 
-    def stats_delta(self) -> dict | None:
+    def stats_update(self) -> dict | None:
         return self.stats.take()
 
     def request_finished(self, request_id: str) -> None:

@@ -1,11 +1,14 @@
-"""The scheduler side's contribution to vLLM's connector stats: what changed since vLLM last asked.
+"""The scheduler side's contribution to vLLM's connector stats: tiercache's cumulative counters and gauges.
 
 Provides:
     StatsTap(state, manager)
-        take() -> dict | None     {"counters": {name: increase}, "gauges": {name: value}} since the last
-                                  take, or None when no counter moved (vLLM then skips the interval)
+        take() -> dict | None     {"totals": {name: count since start}, "gauges": {name: value}}, or None
+                                  when no counter moved since the last take (vLLM then skips the step)
 
-Counters are read from the InspectionState's cumulative counters (one counting core for inspection and
+Totals, not increments: vLLM 0.26's offline engine (LLMEngine.step) drops the stats of a step that produced
+no request output (a chunked prefill's first steps; 0.32 records them), and a lost increment would be lost
+for good, while the next totals still carry it. connectors/metrics.py turns totals back into counter
+increments, per engine. Counters come from the InspectionState (one counting core for inspection and
 metrics: hits_vram, misses, tokens_loaded, io_store_bytes, evicted_spill_by_graph, failures_no_room, …);
 gauges are each tier's used and total slots. Called on the scheduler thread (vLLM's
 Scheduler.update_from_output → connector.get_kv_connector_stats), the thread that feeds the state.
@@ -25,15 +28,12 @@ class StatsTap:
         self._last: dict[str, int] = {}
 
     def take(self) -> dict[str, Any] | None:
-        now = self.state.counters
-        last = self._last
-        delta = {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)}
-        delta.pop("events", None)
-        if not delta:
+        now = {k: v for k, v in self.state.counters.items() if v and k != "events"}
+        if now == self._last:
             return None
-        self._last = dict(now)
+        self._last = now
         gauges = {}
         for tier in self.manager.view().tiers():
             gauges[f"used_blocks_{tier.name}"] = tier.used_slots
             gauges[f"capacity_blocks_{tier.name}"] = tier.capacity_blocks
-        return {"counters": delta, "gauges": gauges}
+        return {"totals": dict(now), "gauges": gauges}

@@ -4,7 +4,10 @@ Provides:
     ConnectorWorker(config, geometry)
         register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
-                                             GPU, or host memory)
+                                             GPU, or host memory), then warm_up()
+        warm_up() -> float                   offload mode on a GPU: compile and run once the kernels of a
+                                             store and a load (seconds taken; 0.0 when there is nothing to
+                                             warm or $TIERCACHE_WARM_START is 0)
         start_step(plan)                     loads (decode into vLLM's blocks), then submit the jobs
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
@@ -28,6 +31,8 @@ nothing is raised into the engine.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +50,10 @@ from .kv_views import BlockAccess, kv_access
 from .page_io import load_pages, save_pages
 
 logger = logging.getLogger(__name__)
+WARM_START_ENV = "TIERCACHE_WARM_START"
+# Triton specializes an integer argument equal to 1 and one divisible by 16: one store and one load of each
+# kind of count compiles every variant the serving path will launch
+WARM_COUNTS = (1, 2, 16)
 
 
 @dataclass
@@ -80,6 +89,7 @@ class ConnectorWorker:
         self._jobs: list[JobResult] = []
         self._errors: list[str] = []
         self.timer: IoTimer | None = None
+        self.warm_seconds = 0.0  # what warm_up took at registration
 
     def register(
         self, kv_caches: dict[str, torch.Tensor], backend_names: dict[str, str], cpu_isa: str | None = None
@@ -115,6 +125,28 @@ class ConnectorWorker:
             tuple(kv_caches[first].shape), g.dtype, backend_names.get(first), self.tiers.vram.num_blocks,
             self.tiers.dram.num_blocks,
         )  # fmt: skip
+        self.warm_seconds = self.warm_up()
+        if self.warm_seconds:
+            logger.info(
+                "tiercache: warm start: store and load kernels compiled and run in %.2fs", self.warm_seconds
+            )
+
+    def warm_up(self) -> float:
+        """Encode vLLM's block 0 and decode it back into block 0, for each of WARM_COUNTS blocks at once,
+        through the serving path's own calls: the first requests then pay no JIT compile. Block 0 is vLLM's
+        null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no request
+        yet when vLLM registers it. Primary mode copies pages with torch ops: nothing to compile."""
+        if self.geometry.primary or self.k_views[0].device.type != "cuda":
+            return 0.0
+        if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+            return 0.0
+        start = time.perf_counter()
+        for n in WARM_COUNTS:
+            ids = [0] * n
+            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
+            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
 
     # ------------------------------------------------------------------ per step
     def start_step(self, plan: StepPlan) -> None:

@@ -276,8 +276,8 @@ def test_load_failure_reasons_reach_the_drop_the_counters_and_the_stats():
     _, output = prefill(sched, "a", 3, [0, 1, 2])
     sched.on_reports([all_ok(sched.build_plan(output))])
     sched.drain_events()
-    assert sched.stats_delta()["counters"]["stores"] == 3
-    assert sched.stats_delta() is None  # nothing moved since
+    assert sched.stats_update()["totals"]["stores"] == 3
+    assert sched.stats_update() is None  # nothing moved since
     admit(sched, "b", 3, [10, 11, 12], external=3 * BS)
     plan = sched.build_plan(step_output(new=[("b", [10, 11, 12], 3 * BS)], scheduled={"b": 5}))
     reason = "hash mismatch: vram slot 1 holds block 0102"
@@ -286,7 +286,7 @@ def test_load_failure_reasons_reach_the_drop_the_counters_and_the_stats():
     sched.drain_events()
     drops = [e for e in sched.events if e.kind == "drop"]
     assert len(drops) == 1 and f"load failed ({reason})" in drops[0].reason
-    delta = sched.stats_delta()
-    assert delta["counters"]["failures_hash_mismatch"] == 1
-    assert delta["counters"]["io_load_bytes"] == 4096 and delta["counters"]["io_load_us"] == 1000
-    assert delta["gauges"]["capacity_blocks_vram"] == 64 and delta["gauges"]["used_blocks_vram"] == 2
+    update = sched.stats_update()
+    assert update["totals"]["failures_hash_mismatch"] == 1 and update["totals"]["stores"] == 3
+    assert update["totals"]["io_load_bytes"] == 4096 and update["totals"]["io_load_us"] == 1000
+    assert update["gauges"]["capacity_blocks_vram"] == 64 and update["gauges"]["used_blocks_vram"] == 2

@@ -175,13 +175,16 @@ def test_prometheus_metrics_carry_each_counter_with_its_labels():
     types = {cls: partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)}
     config = SimpleNamespace(kv_transfer_config=None)
     prom = TierCachePromMetrics(config, types, ["model_name", "engine"], {0: ["m", "0"]})
+    first = {"totals": {"hits_dram": 1, "misses": 2}, "gauges": {}}
+    prom.observe(first, engine_idx=0)
     data = {
-        "counters": {"hits_dram": 4, "misses": 2, "tokens_loaded": 128, "io_spill_bytes": 8192,
-                     "io_spill_us": 4, "evicted_drop_by_graph": 3, "failures_no_room": 1},
+        "totals": {"hits_dram": 4, "misses": 2, "tokens_loaded": 128, "io_spill_bytes": 8192,
+                   "io_spill_us": 4, "evicted_drop_by_graph": 3, "failures_no_room": 1},
         "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 4},
     }  # fmt: skip
-    stats = TierCacheStats(data=data).aggregate(TierCacheStats(data={"counters": {"misses": 1}}))
-    prom.observe(stats.data, engine_idx=0)
+    # vLLM aggregates an interval's stats: totals only grow, the newest wins
+    stats = TierCacheStats(data={"totals": {"misses": 3}}).aggregate(TierCacheStats(data=data))
+    prom.observe(stats.data, engine_idx=0)  # each counter grows by its total's increase since `first`
     value = lambda name, **labels: registry.get_sample_value(
         name, {"model_name": "m", "engine": "0", **labels}
     )
@@ -209,3 +212,19 @@ def test_io_timer_on_cpu_times_the_call():
     (sample,) = timer.take()
     assert (sample.direction, sample.blocks, sample.bytes) == ("store", 3, 300) and sample.seconds >= 0.01
     assert timer.take() == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_io_timer_on_a_gpu_reports_bytes_at_once_and_seconds_once_resolved():
+    from tiercache.connectors.worker.io_timer import IoTimer
+
+    timer = IoTimer(torch.device("cuda"))
+    x = torch.randn(1 << 24, device="cuda")
+    with timer.measure("load", 8, 1 << 20):
+        x.mul_(2)
+    first = timer.take()
+    assert first[0] == first[0].__class__("load", 8, 1 << 20, 0.0)
+    torch.cuda.synchronize()
+    later = [s for s in first[1:] + timer.take() if s.seconds > 0]
+    assert len(later) == 1 and (later[0].blocks, later[0].bytes) == (0, 0) and later[0].direction == "load"
+    assert timer.pending == 0

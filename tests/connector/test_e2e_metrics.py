@@ -77,7 +77,7 @@ def test_log_line_carries_the_counters(metered_run):
     llm, _, _ = metered_run
     counters = {"hits_vram": 3, "io_store_bytes": 2_000_000, "io_store_us": 1000}
     stats = TierCacheStats(
-        data={"counters": counters, "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 6}}
+        data={"totals": counters, "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 6}}
     )
     line = stats.reduce()
     assert line["tiercache_hits_vram"] == 3 and line["tiercache_store_GBps"] == 2.0
