@@ -102,9 +102,31 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             attention.decode(pages, q[:nd], m.block_table[:nd], m.seq_lens[:nd], out[:nd])
         if nd < m.seq_lens.shape[0]:
             starts = m.query_start_loc_cpu[nd:] - m.query_start_loc_cpu[nd]
-            attention.prefill(pages, q[nd : m.num_tokens], starts, m.seq_lens_cpu[nd:], m.block_table[nd:],
-                              out[nd : m.num_tokens])  # fmt: skip
+            flash = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+            varlen = _flash_varlen(self.head_size) if flash else None  # else SDPA per sequence
+            attention.prefill(
+                pages, q[nd : m.num_tokens], starts, m.seq_lens_cpu[nd:], m.block_table[nd:],
+                out[nd : m.num_tokens], varlen=varlen, seq_lens_device=m.seq_lens[nd:],
+                query_start_loc_device=m.query_start_loc[nd:] - m.query_start_loc[nd],
+            )  # fmt: skip
         return output
+
+
+@functools.cache
+def _flash_varlen(head_size: int):
+    """vLLM's FlashAttention varlen over paged K/V (CUDA builds of vLLM), as a PagedAttention `varlen`."""
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func, get_flash_attn_version
+
+    version = get_flash_attn_version(head_size=head_size)
+
+    def varlen(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, scale):
+        flash_attn_varlen_func(
+            q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+            seqused_k=seqused_k, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=True,
+            block_table=block_table, fa_version=version,
+        )  # fmt: skip
+
+    return varlen
 
 
 @functools.cache

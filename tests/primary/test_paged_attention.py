@@ -114,9 +114,20 @@ def test_decode_equals_attention_over_the_codec_round_trip(preset, shape):
         assert rel(out[i], expect) < 1e-4, (i, rel(out[i], expect))
 
 
+def torch_varlen(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, scale):
+    """PagedAttention's `varlen` contract in plain PyTorch: k, v [N, BS, H, D] rows named by block_table."""
+    cu = cu_seqlens_q.tolist()
+    for i, n in enumerate(seqused_k.tolist()):
+        assert cu[i + 1] - cu[i] <= max_seqlen_q and n <= max_seqlen_k
+        rows = block_table[i, : -(-n // k.shape[1])].long()
+        keys, values = k[rows].flatten(0, 1)[:n].double(), v[rows].flatten(0, 1)[:n].double()
+        out[cu[i] : cu[i + 1]] = reference(q[cu[i] : cu[i + 1]], keys, values, scale).to(out.dtype)
+
+
 @pytest.mark.parametrize("preset", CODECS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_prefill_with_a_cached_prefix_equals_the_reference(preset, shape):
+@pytest.mark.parametrize("varlen", [None, torch_varlen], ids=["sdpa", "varlen"])
+def test_prefill_with_a_cached_prefix_equals_the_reference(preset, shape, varlen):
     head_dim, bs, h, group = shape
     codec, fmt, attn = make(preset, head_dim, bs, h, group)
     lengths = [bs + 3, 2 * bs, 5, 3 * bs + 1]  # whole sequences
@@ -124,7 +135,9 @@ def test_prefill_with_a_cached_prefix_equals_the_reference(preset, shape):
     pages, table, _, values = fill(attn, fmt, lengths, seed=2)
     query = torch.randn(sum(query_lens), h * group, head_dim, generator=torch.Generator().manual_seed(3))
     starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()])
-    out = attn.prefill(pages, query, starts, torch.tensor(lengths), table, torch.zeros_like(query))
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    out = attn.prefill(pages, query, starts, lens, table, torch.zeros_like(query), varlen=varlen,
+                       seq_lens_device=lens, query_start_loc_device=starts.int())  # fmt: skip
     for i, n in enumerate(lengths):
         kq, vq = stored(codec, fmt, pages, table[i], n)
         assert rel(vq, codec.values.decode(*codec.values.encode(values[i])).double()) < 0.02
@@ -154,8 +167,15 @@ def test_gpu_pages_with_bf16_queries(preset, batch, tokens):
         assert rel(out[i].float().cpu(), expect) < 2e-2, (i, rel(out[i].float().cpu(), expect))
     starts = torch.tensor([0, 5, 5 + 64])  # a 5-token chunk of sequence 0, 64 tokens of sequence 1
     q = torch.randn(69, 32, 128, generator=gen).to("cuda", torch.bfloat16)
-    got = attn.prefill(pages, q, starts, torch.tensor(lengths[:2]), table[:2], torch.zeros_like(q))
+    lens = torch.tensor(lengths[:2], dtype=torch.int32)
+    got = attn.prefill(pages, q, starts, lens, table[:2], torch.zeros_like(q))
+    flash = pytest.importorskip("tiercache.connectors.attention.impl")._flash_varlen(128)
+    via_flash = attn.prefill(
+        pages, q, starts, lens, table[:2], torch.zeros_like(q), varlen=flash, seq_lens_device=lens.cuda(),
+        query_start_loc_device=starts.int().cuda(),
+    )  # fmt: skip
     for i in range(2):
         kq, vq = stored(codec, fmt, pages_cpu, table[i].cpu(), lengths[i])
         expect = reference(q[starts[i] : starts[i + 1]].float().cpu(), kq, vq, attn.scale)
         assert rel(got[starts[i] : starts[i + 1]].float().cpu(), expect) < 2e-2
+        assert rel(via_flash[starts[i] : starts[i + 1]].float().cpu(), expect) < 2e-2

@@ -14,8 +14,13 @@ PROMPTS = [words_prompt(100 * i, n) for i, n in enumerate((10, 33, 70, 150, 300)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("preset", "legacy_dtype"), [("tq4", "int4_per_token_head"), ("k8v4", "fp8")])
-def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, legacy_dtype):
+@pytest.mark.parametrize(
+    ("preset", "legacy_dtype", "eager"),
+    [("tq4", "int4_per_token_head", True), ("k8v4", "fp8", True), ("tq4", "int4_per_token_head", False)],
+    ids=["tq4", "k8v4", "tq4-cuda-graphs"],
+)
+def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, legacy_dtype, eager):
+    """eager=False: vLLM's default compilation (piecewise CUDA graphs around the backend's attention)."""
     from tiercache.connectors.attention.selection import sizes_pages
 
     model = build_tiny_llama(tmp_path / "tiny128", head_dim=128)
@@ -23,7 +28,10 @@ def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, le
     monkeypatch.setenv("TIERCACHE_CONFIG", str(tmp_path / "tc.yaml"))
     kv_cache_dtype = "auto" if sizes_pages() else legacy_dtype
     options = dict(
-        attention_config={"backend": "CUSTOM"}, kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=0.3
+        attention_config={"backend": "CUSTOM"},
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_memory_utilization=0.3,
+        enforce_eager=eager,
     )
     with engine(model, None, **options) as llm:
         from vllm import SamplingParams

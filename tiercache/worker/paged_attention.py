@@ -6,10 +6,12 @@ Provides:
         write(pages, key, value, slot_mapping)      encode the step's new tokens into their slots
         decode(pages, query, block_table, seq_lens, out, workspace=None)
                                                     one query token per sequence (tq_decode_attention)
-        prefill(pages, query, query_start_loc, seq_lens, block_table, out)
+        prefill(pages, query, query_start_loc, seq_lens, block_table, out, varlen=None)
                                                     any number of query tokens per sequence: its cached
                                                     tokens dequantized (tq_dequantize_blocks), then causal
-                                                    softmax attention (SDPA, grouped-query)
+                                                    softmax attention: one `varlen` call over all sequences
+                                                    (a paged varlen kernel, e.g. FlashAttention's) or, without
+                                                    one, SDPA per sequence (grouped-query)
     workspace(query, block_table) -> DecodeWorkspace   decode scratch, reserved up front (CUDA graphs)
 
 Shapes (one layer): pages [NB, page_bytes] uint8; key, value [T, H, D]; query, out [T, Hq, D] (prefill) or
@@ -22,12 +24,19 @@ the same quantized K/V whichever path computes its attention, which is what benc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from tiercache.kernels import DecodeWorkspace, tq_decode_attention, tq_dequantize_blocks, tq_encode_store
 from tiercache.kernels.codec import TurboQuantCodec
 from tiercache.pages import PageFormat, PageViews
+
+# varlen(q [T, Hq, D], k [N, BS, H, D], v [N, BS, H, D], out [T, Hq, D], cu_seqlens_q [S + 1] int32,
+#        max_seqlen_q, seqused_k [S] int32, max_seqlen_k, block_table [S, M] int32 (rows of k/v), scale)
+# writes causal attention into out; each sequence's queries are its last tokens (bottom-right alignment).
+VarlenAttention = Callable[..., None]
 
 
 class PagedAttention:
@@ -81,15 +90,46 @@ class PagedAttention:
         seq_lens: torch.Tensor,
         block_table: torch.Tensor,
         out: torch.Tensor,
+        varlen: VarlenAttention | None = None,
+        seq_lens_device: torch.Tensor | None = None,
+        query_start_loc_device: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal attention of each sequence's query tokens (its last ones) over all its cached tokens."""
+        """Causal attention of each sequence's query tokens (its last ones) over all its cached tokens.
+        query_start_loc / seq_lens on the host; with `varlen`, also their device copies (int32)."""
         views = self.format.views(pages)
+        if varlen is not None:
+            return self._prefill_varlen(views, query, query_start_loc, seq_lens, block_table, out, varlen,
+                                        seq_lens_device, query_start_loc_device)  # fmt: skip
         starts = query_start_loc.tolist()
         for i, length in enumerate(seq_lens.tolist()):
             first, last = starts[i], starts[i + 1]
             if last > first:
                 keys, values = self._gather(views, block_table[i], length, query.dtype)
                 out[first:last] = self._attend(query[first:last], keys, values)
+        return out
+
+    def _prefill_varlen(self, views: PageViews, query, query_start_loc, seq_lens, block_table, out, varlen,
+                        seq_lens_device, query_start_loc_device) -> torch.Tensor:  # fmt: skip
+        """Every sequence's blocks dequantized into one workspace [N, BS, H, D] (one launch per side), then
+        one varlen call over a block table of workspace rows."""
+        bs, h, device = self.format.block_size, self.format.num_kv_heads, query.device
+        lengths = seq_lens.tolist()
+        counts = [-(-n // bs) for n in lengths]
+        ids = torch.cat([block_table[i, :c] for i, c in enumerate(counts)]).long()
+        rows = torch.zeros(len(counts), max(counts), dtype=torch.int32)
+        first = 0
+        for i, c in enumerate(counts):
+            rows[i, :c] = torch.arange(first, first + c, dtype=torch.int32)
+            first += c
+        work = []
+        for packed, norms, codec in ((views.k_packed, views.k_norms, self.k_codec),
+                                     (views.v_packed, views.v_norms, self.v_codec)):  # fmt: skip
+            x = torch.empty(ids.shape[0], bs, h, codec.head_dim, dtype=query.dtype, device=device)
+            tq_dequantize_blocks(packed, norms, ids, codec, x)
+            work.append(x)
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        varlen(query, work[0], work[1], out, query_start_loc_device, int(q_lens.max()), seq_lens_device,
+               max(lengths), rows.to(device, non_blocking=True), self.scale)  # fmt: skip
         return out
 
     def _gather(self, views: PageViews, blocks: torch.Tensor, length: int, dtype: torch.dtype):

@@ -1,0 +1,148 @@
+"""Primary mode served by real vLLM on a GPU, against vLLM's bf16 FLASH_ATTN (and, when FlashAttention 2 is
+packed, vLLM's own TURBOQUANT cache dtypes): tokens held in the same KV memory, prefill tokens/s, decode step
+time and output tokens/s.
+
+    python -m benchmarks.serve                                   # Llama-3.1-8B layer shapes, 16 layers
+    python -m benchmarks.serve --configs bf16,tq4 --sets 2x1024 --layers 2     # a quick check
+
+Each configuration runs in its own process with the same `--kv-gib` of KV cache memory
+(kv_cache_memory_bytes), dummy weights and vLLM's default compilation (CUDA graphs where the backend allows;
+tiercache's backend runs attention eagerly between vLLM's piecewise graphs). For each set N × L (N sequences
+of L random tokens, all resident at once):
+  prefill   generate(max_tokens=1) over fresh prompts: N·L / seconds
+  decode    the same prompts again (prefix-cache hits): max_tokens=1+K minus max_tokens=1, divided by K steps
+The layer count is a flag because bf16 must hold 16 × 32K tokens on one H100 next to the weights; capacity
+ratios do not depend on it (every layer's page is the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.warm_start import LLAMA_8B
+
+# name -> (attention backend or None for vLLM's default, tiercache codec or None, cache dtype on vLLM 0.26,
+#          cache dtype on vLLM >= 0.32)
+CONFIGS = {
+    "bf16": (None, None, "auto", "auto"),
+    "tq4": ("CUSTOM", "tq4", "int4_per_token_head", "auto"),
+    "k8v4": ("CUSTOM", "k8v4", "fp8", "auto"),
+    "vllm-tq-k8v4": (None, None, "turboquant_k8v4", "turboquant_k8v4"),
+    "vllm-tq-4bit": (None, None, "turboquant_4bit_nc", "turboquant_4bit_nc"),
+}
+
+
+def child(args: argparse.Namespace) -> None:
+    from vllm import LLM
+
+    from tiercache.connectors.attention.selection import sizes_pages
+
+    backend, codec, legacy_dtype, dtype = CONFIGS[args.config]
+    model = Path(tempfile.mkdtemp()) / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**LLAMA_8B, "num_hidden_layers": args.layers}))
+    if codec:
+        (model.parent / "tiercache.yaml").write_text(f"codec: {codec}\n")
+        os.environ["TIERCACHE_CONFIG"] = str(model.parent / "tiercache.yaml")
+    sets = [tuple(int(x) for x in s.split("x")) for s in args.sets.split(",")]
+    options = {"attention_config": {"backend": backend}} if backend else {}
+    started = time.perf_counter()
+    llm = LLM(
+        model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+        max_model_len=max(length for _, length in sets) + 2 * args.steps, enable_prefix_caching=True,
+        kv_cache_memory_bytes=int(args.kv_gib * 2**30), max_num_seqs=max(n for n, _ in sets),
+        kv_cache_dtype=dtype if sizes_pages() else legacy_dtype, enforce_eager=args.eager, **options,
+    )  # fmt: skip
+    start_s = time.perf_counter() - started
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # single-process engine
+    tokens = scheduler.kv_cache_config.num_blocks * scheduler.cache_config.block_size
+    rows = []
+    for n, length in sets:
+        rng = random.Random(n * 100_003 + length)
+        prompts = [{"prompt_token_ids": [rng.randrange(1000, 100_000) for _ in range(length)]}
+                   for _ in range(n)]  # fmt: skip
+        prefill_s = _timed(llm, prompts, 1)
+        _timed(llm, prompts, 1 + args.steps)  # the first decode pass compiles what is new to this process
+        with_decode = min(_timed(llm, prompts, 1 + args.steps) for _ in range(2))
+        without = min(_timed(llm, prompts, 1) for _ in range(2))
+        step_s = (with_decode - without) / args.steps
+        rows.append({"n": n, "length": length, "prefill_tok_s": n * length / prefill_s,
+                     "step_ms": 1e3 * step_s, "out_tok_s": n / step_s})  # fmt: skip
+    print("RESULT " + json.dumps({"tokens": tokens, "start_s": start_s, "sets": rows}))
+
+
+def _timed(llm, prompts: list[dict], max_tokens: int) -> float:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    return time.perf_counter() - t
+
+
+def run_child(config: str, args: argparse.Namespace) -> dict | str:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    command = [sys.executable, "-m", "benchmarks.serve", "--child", "--config", config,
+               "--layers", str(args.layers), "--kv-gib", str(args.kv_gib), "--sets", args.sets,
+               "--steps", str(args.steps)]  # fmt: skip
+    if args.eager:
+        command.append("--eager")
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        sys.stderr.write(f"--- {config} failed ({out.returncode}):\n")
+        sys.stderr.write(out.stdout[-3000:] + out.stderr[-5000:] + "\n")
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return last[:160]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="bf16,tq4,k8v4,vllm-tq-k8v4,vllm-tq-4bit")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--kv-gib", type=float, default=36.0)
+    parser.add_argument("--sets", default="16x32768,64x8192", help="N x L sets, comma separated")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps timed per set")
+    parser.add_argument("--eager", action="store_true", help="enforce_eager for every configuration")
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    results = {}
+    for config in args.configs.split(","):
+        results[config] = run_child(config, args)
+        print(f"{config}: {results[config]}", flush=True)
+    base = results.get("bf16")
+    base = base if isinstance(base, dict) else None
+    print(f"\n{args.layers} layers of Llama-3.1-8B shape, {args.kv_gib:g} GiB of KV cache each, "
+          f"{'eager' if args.eager else 'default compilation'}")  # fmt: skip
+    print("config | tokens held | × bf16 | set | prefill tok/s | × bf16 | decode step ms | × bf16 | "
+          "out tok/s")  # fmt: skip
+    for config, res in results.items():
+        if not isinstance(res, dict):
+            print(f"{config} | failed: {res}")
+            continue
+        times = f"{res['tokens'] / base['tokens']:.2f}" if base else "-"
+        held = f"{res['tokens']:,} | {times}"
+        for i, row in enumerate(res["sets"]):
+            ref = base["sets"][i] if base else None
+            pre = f"{row['prefill_tok_s'] / ref['prefill_tok_s']:.2f}" if ref else "-"
+            step = f"{row['step_ms'] / ref['step_ms']:.2f}" if ref else "-"
+            print(f"{config} | {held} | {row['n']}×{row['length']} | {row['prefill_tok_s']:,.0f} | {pre} | "
+                  f"{row['step_ms']:.2f} | {step} | {row['out_tok_s']:,.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
