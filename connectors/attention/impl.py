@@ -99,7 +99,7 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
         out = output.view(-1, self.num_heads, self.head_size)
         nd = m.num_decodes
         if nd:
-            attention.decode(pages, q[:nd], m.block_table[:nd], m.seq_lens[:nd], out[:nd])
+            attention.decode(pages, q[:nd], m.block_table[:nd], m.decode_seq_lens, out[:nd])
         if nd < m.seq_lens.shape[0]:
             starts = m.query_start_loc_cpu[nd:] - m.query_start_loc_cpu[nd]
             flash = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
