@@ -22,6 +22,8 @@ Prometheus names (counters end in _total when exported):
     vllm:tiercache_transfer_gbps{direction}     bytes / seconds since start, per rank (a copy's seconds may
                                                 reach the scheduler a step after its bytes)
     vllm:tiercache_evictions{policy,action}     victims by the policy that chose them; action spill | drop
+    vllm:tiercache_declined_blocks{policy}      new blocks not stored: the policy's admission control
+                                                predicted they would be evicted before their next use
     vllm:tiercache_failures{cause}              loads, stores and moves that did not happen, by cause
                                                 (tiercache.scheduler.events.CAUSES)
     vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges
@@ -50,6 +52,7 @@ METRICS = {
     "transfer_seconds": "Seconds spent copying, by direction, summed over ranks.",
     "transfer_gbps": "GB/s per rank since start (transfer_bytes / transfer_seconds), by direction.",
     "evictions": "Blocks evicted, by the policy that chose them and the action (spill, drop).",
+    "declined_blocks": "New blocks not stored by the policy's admission control, by policy.",
     "failures": "Loads, stores and moves that did not happen, by cause.",
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
     "capacity_blocks": "Slots of each tier.",
@@ -63,6 +66,7 @@ _EXTRA_LABELS = {
     "transfer_seconds": ["direction"],
     "transfer_gbps": ["direction"],
     "evictions": ["policy", "action"],
+    "declined_blocks": ["policy"],
     "failures": ["cause"],
     "used_blocks": ["tier"],
     "capacity_blocks": ["tier"],
@@ -100,7 +104,7 @@ class TierCacheStats(KVConnectorStats):
 
     def reduce(self) -> dict[str, int | float]:
         """The log line, since start: hits per tier, tokens by source, GB and GB/s per direction, evictions,
-        failures; and each tier's use now."""
+        declines, failures; and each tier's use now."""
         c, g = self.data["totals"], self.data["gauges"]
         out: dict[str, int | float] = {f"tiercache_hits_{t}": c.get("hits_" + t, 0) for t in TIERS}
         out["tiercache_misses"] = c.get("misses", 0)
@@ -113,6 +117,7 @@ class TierCacheStats(KVConnectorStats):
                 if us:
                     out[f"tiercache_{d}_GBps"] = round(nbytes / us / 1e3, 2)
         out["tiercache_evictions"] = sum(v for k, v in c.items() if k.startswith("evicted_"))
+        out["tiercache_declined"] = sum(v for k, v in c.items() if k.startswith("declined_by_"))
         out["tiercache_failures"] = sum(v for k, v in c.items() if k.startswith("failures_"))
         for t in TIERS:
             capacity = g.get("capacity_blocks_" + t, 0)
@@ -176,6 +181,8 @@ def _counter_of(key: str) -> tuple[str, tuple[str, ...], float] | None:
     if key.startswith("evicted_"):
         action, policy = key[8:].split("_by_", 1)
         return "evictions", (policy, action), 1
+    if key.startswith("declined_by_"):
+        return "declined_blocks", (key[12:],), 1
     if key.startswith("failures_"):
         return "failures", (key[9:],), 1
     return None

@@ -9,11 +9,14 @@
 - `ReuseStats` (reuse.py): each block class's reuse probability, learned online (a term of the score).
 - `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace (simulators.py, graph_cache.py:
   the graph policy on a one-tier KVCacheGraph; LRU on `tiercache.scheduler.recency.RecencyOrder`).
+- `offline_bound` (offline.py): Belady's farthest-next-use rule with bypass on the same trace, to compare.
+- `AdmissionDecision` (events.py): a block offered for storing and declined, with its reason.
 """
 
 from tiercache.graph.advisor import GraphEvictionAdvisor, Snapshot
-from tiercache.graph.events import EvictionDecision
+from tiercache.graph.events import AdmissionDecision, EvictionDecision
 from tiercache.graph.kvgraph import EDGE_TYPES, KVCacheGraph
+from tiercache.graph.offline import offline_bound
 from tiercache.graph.replay import ReplayResult, replay
 from tiercache.graph.reuse import ReuseStats
 from tiercache.graph.scoring import SOURCES, ScoreComponents, ScoreWeights
@@ -21,6 +24,7 @@ from tiercache.graph.scoring import SOURCES, ScoreComponents, ScoreWeights
 __all__ = [
     "EDGE_TYPES",
     "SOURCES",
+    "AdmissionDecision",
     "EvictionDecision",
     "GraphEvictionAdvisor",
     "KVCacheGraph",
@@ -29,5 +33,6 @@ __all__ = [
     "ScoreComponents",
     "ScoreWeights",
     "Snapshot",
+    "offline_bound",
     "replay",
 ]

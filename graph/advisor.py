@@ -11,14 +11,16 @@ Provides `GraphEvictionAdvisor` and `Snapshot`. Typical use by the tier manager:
     advisor.suggest_eviction(4, "vram")             # just the hashes
     advisor.suggest_prefetch(active_hashes, 8)      # blocks in slower tiers related to the active ones
     advisor.explain(h)                              # ScoreComponents of one block, now
+    advisor.admission(h, parent, "dram", candidates)  # AdmissionDecision: do not store h; or None: store it
 
-One cycle (`refresh()`): copy the counters and the learned reuse probabilities under the graph's lock
-(memcpy), then — outside the lock — score every block with `scoring.priority_array`, keep the leaves of
-each tier (no cached child in that tier or a faster one) and sort them, lowest priority first. The result
-is an immutable `Snapshot` published by one reference assignment. Readers take the reference and walk its
-tuples: no lock, no per-call scoring. A snapshot older than `max_stale_s` (or none yet) is not trusted:
+One cycle (`refresh()`): copy the counters and the learned probabilities under the graph's lock (memcpy),
+then — outside the lock — score every block (`scoring.priority_array`, and `loop_priority_array` for the
+blocks ranked by their loop), keep the leaves of each tier (no cached child in that tier or a faster one)
+and sort them, lowest priority first. The result is an immutable `Snapshot` (rankings, their priorities,
+the clocks) published by one reference assignment. Readers take the reference and walk its tuples: no
+lock, no per-call scoring. A snapshot older than `max_stale_s` (or none yet) is not trusted:
 `choose_victims` falls back to LRU (leaves first still; the order the tier manager passes, or without one
-the graph's `lru_fallback_order`) and each decision says so.
+the graph's `lru_fallback_order`) and each decision says so; `admission` stores everything.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
 from tiercache.graph import scoring
-from tiercache.graph.events import EvictionDecision
+from tiercache.graph.events import AdmissionDecision, EvictionDecision
 from tiercache.graph.kvgraph import KVCacheGraph
 from tiercache.graph.scoring import ScoreComponents
 
@@ -42,12 +44,18 @@ PREFETCH_EDGE_WEIGHTS = {"temporal": 2.0, "co_attend": 1.0, "semantic": 0.5, "pr
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Eviction order per tier (lowest priority first, leaves only) at `created_at` (the graph's clock)."""
+    """Eviction order per tier (lowest priority first, leaves only) at `created_at` (the graph's clock),
+    with each ranked block's priority (`priorities[tier][i]` is that of `rankings[tier][i]`) and what
+    admission scores an offered block against: each tier's horizon and store counter, and `vt`, then."""
 
     created_at: float
     version: int
     rankings: Mapping[str, tuple[Hashable, ...]]
     cycle_s: float
+    priorities: Mapping[str, np.ndarray] = field(default_factory=dict)
+    horizons: Mapping[str, float] = field(default_factory=dict)
+    ticks: Mapping[str, int] = field(default_factory=dict)
+    vt: int = 0
 
 
 class GraphEvictionAdvisor:
@@ -108,31 +116,53 @@ class GraphEvictionAdvisor:
         t0 = time.perf_counter()
         created = self.clock()
         state = self.graph.export()
-        w = self.graph.weights
-        rankings = {}
+        rankings, priorities, horizons = {}, {}, {}
         live = state.uid != 0
         hashes = np.empty(len(state.hashes), dtype=object)
         hashes[:] = state.hashes
         for t, name in enumerate(self.graph.tiers):
             leaf = live & (state.tier == t) & ~state.children[:, : t + 1].any(axis=1)
             idx = np.flatnonzero(leaf)
-            prio = scoring.priority_array(
-                w,
-                state.tick[idx],
-                max(state.tier_sizes[t], 1),
-                state.chain_hits[idx],
-                state.requests[idx],
-                state.source[idx],
-                state.importance[idx],
-                state.reuse_p[state.reuse_class[idx]],
-            )
-            order = idx[np.lexsort((state.last_access[idx], prio))]
-            rankings[name] = tuple(hashes[order])  # no per-block Python objects: no GC pressure
+            horizons[name] = float(max(state.tier_sizes[t], 1))
+            prio = self._priorities(state, idx, horizons[name], state.tier_ticks[t])
+            sort = np.lexsort((state.last_access[idx], prio))
+            rankings[name] = tuple(hashes[idx[sort]])  # no per-block Python objects: no GC pressure
+            priorities[name] = prio[sort]
         version = self.cycles + 1
-        snap = Snapshot(created, version, MappingProxyType(rankings), time.perf_counter() - t0)
+        ticks = dict(zip(self.graph.tiers, state.tier_ticks, strict=True))
+        snap = Snapshot(
+            created, version, MappingProxyType(rankings), time.perf_counter() - t0,
+            MappingProxyType(priorities), MappingProxyType(horizons), MappingProxyType(ticks), state.vt,
+        )  # fmt: skip
         self._snapshot = snap  # the publication: one reference assignment
         self.cycles = version
         return snap
+
+    def _priorities(self, state, idx: np.ndarray, horizon: float, now_tick: int) -> np.ndarray:
+        """float64 [len(idx)]: the priority of each block `idx` of one tier: by recency, or by its loop where
+        it is flagged and not overdue (the same operations as the scalar path and the replay's heaps)."""
+        w = self.graph.weights
+        value = scoring.value_array(
+            w, state.chain_hits[idx], state.requests[idx], state.source[idx], state.importance[idx]
+        )
+        prio = (
+            state.tick[idx]
+            + horizon * value
+            + horizon * scoring.reuse_terms(w, state.reuse_p[state.reuse_class[idx]])
+        )
+        prio += horizon * scoring.ORPHAN * state.orphan[idx]  # unreachable blocks first (never in a replay)
+        loop = np.flatnonzero(state.loop[idx] != 0)
+        if len(loop):
+            bucket, last = state.gap[idx[loop]], state.last_vt[idx[loop]]
+            on = np.flatnonzero(state.vt <= last + (1 + w.overdue) * scoring.GAPS[bucket])  # not overdue
+            loop, bucket, last = loop[on], bucket[on], last[on]
+            prio[loop] = (
+                scoring.loop_priority_array(
+                    w, horizon, now_tick, state.vt, bucket, last, value[loop], state.loop_p[bucket]
+                )
+                + horizon * scoring.ORPHAN * state.orphan[idx[loop]]
+            )
+        return prio
 
     # --- hot path ------------------------------------------------------------------------------------
     @property
@@ -198,8 +228,58 @@ class GraphEvictionAdvisor:
         out = []
         for h, policy, reason in picks:
             comp = self.explain(h)
+            if comp.gap and policy == "graph":
+                reason += _loop_reason(comp)
             out.append(EvictionDecision(h, tier, tier_to, policy, comp.total, comp, age, reason))
         return out
+
+    def admission(
+        self,
+        block_hash: Hashable,
+        parent_hash: Hashable | None,
+        tier: str,
+        candidates: Container[Hashable] | None = None,
+        source: int = 0,
+    ) -> AdmissionDecision | None:
+        """A decision not to store `block_hash` (under `parent_hash`), or None to store it, when storing it
+        means evicting the lowest-ranked evictable block of `tier` (in `candidates`, when given): the block is
+        scored as if stored at the snapshot's clocks and compared with that one's priority in the snapshot
+        (`BlockCounters.offer`, `decline_reason`). Without a snapshot at most `max_stale_s` old: None."""
+        return self.judge(block_hash, parent_hash, tier, next(self.frontiers(tier, candidates), None), source)
+
+    def frontiers(self, tier: str, candidates: Container[Hashable] | None = None) -> Iterator[float]:
+        """The snapshot's priorities of the evictable blocks of `tier` (in `candidates`), lowest first: what
+        the 1st, 2nd, … block stored would evict (for a batch of offers: each one admitted takes the next)."""
+        snap = self._snapshot
+        if snap is None or tier not in snap.rankings:
+            return
+        ranking, ok, prio = snap.rankings[tier], self.graph.is_evictable, snap.priorities[tier]
+        if self._cursor_version != snap.version:
+            self._cursor, self._cursor_version = {}, snap.version
+        for i in range(self._cursor.get(tier, 0), len(ranking)):  # entries before it left (suggest_eviction)
+            h = ranking[i]
+            if ok(h, tier) and (candidates is None or h in candidates):
+                yield float(prio[i])
+
+    def judge(
+        self,
+        block_hash: Hashable,
+        parent_hash: Hashable | None,
+        tier: str,
+        frontier: float | None,
+        source: int = 0,
+    ) -> AdmissionDecision | None:
+        """`admission` against a given `frontier` (the priority of the block storing it would evict)."""
+        snap, age = self._snapshot, self.snapshot_age()
+        if snap is None or age is None or age > self.max_stale_s or tier not in snap.rankings:
+            return None
+        g = self.graph
+        offer = g.offer(block_hash, parent_hash, snap.horizons[tier], snap.ticks[tier], snap.vt, source)
+        reason = g.decline_reason(offer, frontier)
+        if reason is None:
+            return None
+        why = f"not stored: {reason} (snapshot v{snap.version})"
+        return AdmissionDecision(block_hash, tier, offer.priority, offer.components, frontier, age, why)
 
     def _lru_victims(self, n: int, tier: str, candidates: Iterable[Hashable]) -> list[Hashable]:
         out = []
@@ -233,6 +313,15 @@ class GraphEvictionAdvisor:
                 if gain > 0:
                     score[other] = score.get(other, 0.0) + gain
         return sorted(score, key=lambda h: -score[h])[:n]  # stable: ties keep discovery order
+
+
+def _loop_reason(comp: ScoreComponents) -> str:
+    """Why a block ranked by its loop goes (see `scoring`): it is due back later than the blocks kept."""
+    due = f"due back in {comp.due_in:,.0f}" if comp.due_in >= 0 else f"{-comp.due_in:,.0f} late"
+    return (
+        f"; ranked by its loop: back every {comp.gap:,.0f} block requests, beyond recency's reach, {due}: "
+        "the newest arrival of a loop goes first so that the blocks kept stay kept"
+    )
 
 
 def _run(ref: weakref.ref, stop: threading.Event, interval_s: float) -> None:

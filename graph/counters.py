@@ -17,6 +17,14 @@ Update rules (`_store`, `_hit`, `_move`, `_remove`; the caller holds the graph's
   tier's blocks by `seq` is its least-recently-used order (`lru_fallback_order`); the tier manager keeps
   the live order, so the graph keeps no second one.
 - leaves: a block is evictable from its tier when it has no cached child in that tier or a faster one.
+- reuse distance (`_use`, `_came_back`): every store, hit by a new request and declined offer is one block
+  request (`vt`); a block used again records its distance in `scoring.GAPS` buckets (`gap`) and whether it
+  came from beyond recency's reach (`loop`: not among the last len(self) distinct blocks requested, so an
+  LRU cache of this size would have lost it). A loop block is ranked by when it is due back
+  (`scoring`); its on-time returns per bucket are the loop's learned probability (`ReuseStats.loops`).
+- orphans: a block stored under a parent not stored, or below a removed block, is unreachable (`orphan`).
+- admission (`tiercache.graph.admission`, a base of this class): a block not stored is scored as if stored;
+  a declined one counts as a block request and a lifetime of its class, and is remembered as a ghost.
 Queries (no lock; the notifying thread): `tier_of`, `tier_size`, `is_evictable`, `parent_of`,
 `score_inputs` (one block's score arguments), `lru_fallback_order(tier)`, `check_invariants()`, and for an
 incremental ranking such as the replay's heaps `rank_key(h, horizon)` and `evictable_seq(h, tier)`.
@@ -29,19 +37,21 @@ from collections.abc import Hashable
 import numpy as np
 
 from tiercache.graph import scoring
+from tiercache.graph.admission import AdmissionRules
 from tiercache.graph.reuse import ReuseStats, reuse_class
-from tiercache.graph.scoring import SOURCES, ScoreWeights
+from tiercache.graph.scoring import GAP_VALUES, SOURCES, Loop, ScoreWeights, gap_bucket
 from tiercache.graph.state import BlockTable
+from tiercache.scheduler.recency import RecencyOrder
 
 
-class BlockCounters:
+class BlockCounters(AdmissionRules):
     def __init__(self, tiers: tuple[str, ...], weights: ScoreWeights) -> None:
         if not tiers or len(set(tiers)) != len(tiers):
             raise ValueError(f"tiers must be distinct names, fastest first; got {tiers!r}")
         self.tiers = tuple(tiers)
         self.weights = weights
         self.table = BlockTable(len(tiers))
-        self.reuse = ReuseStats(weights.reuse_window)
+        self.reuse = ReuseStats(weights.reuse_window, weights.ghosts)
         self._tier = {name: i for i, name in enumerate(tiers)}
         self._tier_ids = range(len(tiers))
         self._slot: dict[Hashable, int] = {}
@@ -51,6 +61,9 @@ class BlockCounters:
         self._stores = [0] * len(tiers)  # blocks stored or moved into each tier so far: the score's `tick`
         self._accesses = 0  # stores, hits and moves so far: the `seq` column
         self._protected = tuple(weights.is_protected(code) for code in range(len(SOURCES)))
+        self.vt = 0  # block requests so far (stores, hits by a new request, declined offers): `last_vt`
+        self._recent = RecencyOrder()  # recency's reach: the last len(self) distinct blocks requested
+        self._declined: tuple[Hashable, float, int] = (None, 0.0, 0)  # last declined: (block, chain, run)
 
     # --- queries -------------------------------------------------------------------------------------
     def __contains__(self, block_hash: Hashable) -> bool:
@@ -72,18 +85,34 @@ class BlockCounters:
     def tier_size(self, tier: str) -> int:
         return self._size[self.tier_index(tier)]
 
+    @property
+    def tier_ticks(self) -> list[int]:
+        """Each tier's store counter now (the `tick` of a block stored or moved there next, less one)."""
+        return list(self._stores)
+
     def is_evictable(self, block_hash: Hashable, tier: str) -> bool:
         """In `tier`, with no cached child in `tier` or a faster one (leaves first)."""
         return self._leaf_in.get(block_hash, -1) == self._tier.get(tier, -2)
+
+    def is_orphan(self, block_hash: Hashable) -> bool:
+        """Whether no lookup can reach the block any more: a block of its prefix was removed while it was
+        cached, or it was stored under a parent not stored."""
+        return bool(self.table.orphan.item(self._slot[block_hash]))
+
+    def class_of(self, block_hash: Hashable) -> int:
+        """The block's reuse class (fixed at its last access)."""
+        return self.table.reuse_class.item(self._slot[block_hash])
 
     def parent_of(self, block_hash: Hashable) -> Hashable | None:
         p = self.table.live_parent(self._slot[block_hash])
         return self._hashes[p] if p >= 0 else None
 
-    def score_inputs(self, block_hash: Hashable) -> tuple[float, float, float, int, int, float, float]:
-        """(tick, horizon, chain_hits, requests, source code, importance, reuse_p): the arguments of
-        `scoring.components` / `scoring.priority` for one block, now."""
+    def score_inputs(self, block_hash: Hashable) -> tuple:
+        """(tick, horizon, chain_hits, requests, source code, importance, reuse_p, loop, orphan): the
+        arguments of `scoring.components` for one block, now. `loop`: its `scoring.Loop` when it is ranked by
+        its loop (then reuse_p is its loop's on-time return probability), else None."""
         s, tb = self._slot[block_hash], self.table
+        loop = self._loop_now(s)
         return (
             float(tb.tick.item(s)),
             float(max(self._size[tb.tier.item(s)], 1)),
@@ -91,8 +120,22 @@ class BlockCounters:
             tb.requests.item(s),
             tb.source.item(s),
             float(tb.importance.item(s)),
-            self.reuse.probability(tb.reuse_class.item(s)),
+            self.reuse.probability(tb.reuse_class.item(s))
+            if loop is None
+            else self.reuse.loop_probability(loop.bucket),
+            loop,
+            bool(tb.orphan.item(s)),
         )
+
+    def _loop_now(self, s: int) -> Loop | None:
+        """The slot's loop state if it is ranked by its loop now (flagged, and not overdue)."""
+        tb = self.table
+        if not tb.loop.item(s):
+            return None
+        last, gap = tb.last_vt.item(s), GAP_VALUES[tb.gap.item(s)]
+        if self.vt > last + (1 + self.weights.overdue) * gap:
+            return None
+        return Loop(tb.gap.item(s), last + gap, float(self._stores[tb.tier.item(s)]), float(self.vt))
 
     def rank_key(self, block_hash: Hashable, horizon: float) -> tuple[int, float, int]:
         """(reuse class, priority without the reuse term at this horizon, seq) of one block: the key an
@@ -109,6 +152,23 @@ class BlockCounters:
             float(tb.importance.item(s)),
         )
         return tb.reuse_class.item(s), key, tb.seq.item(s)
+
+    def loop_rank_key(self, block_hash: Hashable, horizon: float) -> tuple[int, float, int, float] | None:
+        """(gap bucket, `scoring.loop_key` at this horizon, seq, the vt after which it is overdue) of a block
+        ranked by its loop now, else None: the key the replay's loop heaps order a bucket by (what moves
+        with the clocks and the bucket's learned return probability are the same for the whole bucket:
+        `scoring.loop_priority`)."""
+        s, tb = self._slot[block_hash], self.table
+        if self._loop_now(s) is None:
+            return None
+        bucket, last = tb.gap.item(s), tb.last_vt.item(s)
+        gap = GAP_VALUES[bucket]
+        value = scoring.value_of(
+            self.weights, tb.chain_hits.item(s), tb.requests.item(s), tb.source.item(s),
+            float(tb.importance.item(s)),
+        )  # fmt: skip
+        key = scoring.loop_key(self.weights, horizon, last + gap, gap, value)
+        return bucket, key, tb.seq.item(s), last + (1 + self.weights.overdue) * gap
 
     def evictable_seq(self, block_hash: Hashable, tier: str) -> int:
         """The block's `seq` (the access counter at its last store, hit or move; unique, larger is more
@@ -137,7 +197,7 @@ class BlockCounters:
         now: float,
     ) -> int:
         """Counters of a block not stored yet; returns its parent's slot (-1: stored as a root)."""
-        self.reuse.stored(block_hash)
+        ghost = self.reuse.stored(block_hash, len(self._slot))
         tb = self.table  # scalar reads through .item(): numpy scalars cost more than the work here
         s = tb.alloc()
         if s == len(self._hashes):
@@ -146,6 +206,10 @@ class BlockCounters:
             self._hashes[s] = block_hash
         self._slot[block_hash] = s
         self._leaf_in[block_hash] = t
+        near = self._use(block_hash)
+        tb.last_vt[s] = self.vt
+        if ghost is not None:  # it came back: its reuse distance, and whether recency would have kept it
+            tb.gap[s], tb.loop[s] = self._came_back(ghost.last_vt, ghost.bucket, ghost.loop, near)
         tb.tier[s], tb.source[s], tb.requests[s] = t, source, 1
         tb.last_access[s] = tb.created[s] = now
         tb.importance[s] = importance
@@ -164,6 +228,8 @@ class BlockCounters:
             if t <= tb.tier.item(p):  # a cached child in its tier or a faster one: no leaf now
                 self._leaf_in[parent_hash] = -1
         tb.run[s] = tb.run.item(p) + 1 if p >= 0 and tb.hits.item(p) == 0 else 1
+        if (p < 0 and parent_hash is not None) or (p >= 0 and tb.orphan.item(p)):
+            tb.orphan[s] = 1  # under a parent not stored, or unreachable itself: no lookup reaches it
         self._start_lifetime(s, branching)
         return p
 
@@ -177,6 +243,9 @@ class BlockCounters:
             return 0, -1
         self.reuse.reused(tb.reuse_class.item(s))
         tb.last_request[s] = rid
+        near = self._use(self._hashes[s])
+        tb.gap[s], tb.loop[s] = self._came_back(tb.last_vt.item(s), tb.gap.item(s), tb.loop.item(s), near)
+        tb.last_vt[s] = self.vt
         hits = tb.hits.item(s) + 1
         tb.hits[s] = hits
         requests = tb.requests.item(s) + 1
@@ -219,25 +288,58 @@ class BlockCounters:
         del self._leaf_in[block_hash]
         self._size[t] -= 1
         self._hashes[s] = None
-        self.reuse.evicted(block_hash, tb.reuse_class.item(s), len(self._slot))
+        self.reuse.evicted(
+            block_hash, tb.reuse_class.item(s), len(self._slot), tb.last_vt.item(s), tb.gap.item(s),
+            tb.loop.item(s),
+        )  # fmt: skip
         tb.free(s)
 
     # --- rules ---------------------------------------------------------------------------------------
-    def _from_parent(self, p: int) -> tuple[bool, float]:
+    def _from_parent(self, p: int, new: int = 0) -> tuple[bool, float]:
         """(whether a child of `p` opens a branch, what it inherits as chain_hits). A protected parent, or
         one with other cached children, is a branching point: its children open a branch and inherit the
-        fraction of its branches later hit; a linear, unprotected parent passes on its own chain_hits."""
+        fraction of its branches later hit; a linear, unprotected parent passes on its own chain_hits.
+        `new`: 1 for a child not counted yet (an offer), 0 for one just stored."""
         tb = self.table
         branching = self._protected[tb.source.item(p)]
         if not branching:
-            kids = 0
+            kids = new
             for i in self._tier_ids:
                 kids += tb.children.item(p, i)
             branching = kids > 1
         if branching:
-            n = tb.branches.item(p)
+            n = tb.branches.item(p) + new
             return True, tb.branches_hit.item(p) / n if n else 0.0
         return False, float(tb.chain_hits.item(p))
+
+    def _came_back(self, last_vt: int, bucket: int, loop: bool, near: bool) -> tuple[int, bool]:
+        """A block last used at `last_vt` (then ranked by a loop of `bucket` if `loop`) is used again now
+        (`near`: within recency's reach): an on-time return counts for its loop; returns its new (reuse
+        distance bucket, loop flag): a loop block used again early (a follow-up) keeps its loop, its next
+        return is still a loop away; otherwise the new distance, a loop lifetime opened if it came from
+        beyond recency's reach."""
+        on_time = loop and self.vt <= last_vt + (1 + self.weights.overdue) * GAP_VALUES[bucket]
+        if on_time:
+            self.reuse.loop_back(bucket)
+            if near:
+                return bucket, True
+        bucket = gap_bucket(self.vt - last_vt)
+        if not near:
+            self.reuse.start_loop(bucket)
+        return bucket, not near
+
+    def _use(self, block_hash: Hashable) -> bool:
+        """Count one block request (`vt`) and make the block the most recent in recency's reach; returns
+        whether it was within reach: among the last len(self) distinct blocks requested, so that an LRU
+        cache of this size would still hold it (its stack distance is at most the cache's size)."""
+        self.vt += 1
+        recent = self._recent
+        near = block_hash in recent
+        recent.add(block_hash)
+        limit = max(len(self._slot), 1)
+        while len(recent) > limit:
+            recent.pop_oldest()
+        return near
 
     def _start_lifetime(self, s: int, opens_branch: bool) -> None:
         """Fix the block's reuse class from its features now and open a lifetime in it."""
@@ -288,4 +390,7 @@ class BlockCounters:
         used = set(self._slot.values())
         assert all(tb.uid[s] == 0 and self._hashes[s] is None for s in range(tb.high) if s not in used)
         ghosts = self.reuse.ghosts
-        assert len(ghosts) <= len(self._slot) and not any(h in self._slot for h in ghosts)
+        assert len(ghosts) <= max(int(self.reuse.ghost_factor * len(self._slot)), 1)
+        assert not any(h in self._slot for h in ghosts)
+        loops = live[tb.loop[live] != 0]
+        assert (tb.gap[loops] > 0).all() and (tb.last_vt[live] <= self.vt).all()

@@ -1,7 +1,9 @@
 """Decisions as data: what the advisor proposes and the manager records.
 
 Provides `EvictionDecision` (frozen): one eviction (spill to `tier_to`, or drop when `tier_to` is None)
-with the policy actually used, its score and score components, and how old the advisor's snapshot was.
+with the policy actually used, its score and score components, and how old the advisor's snapshot was;
+`AdmissionDecision` (frozen): a block offered for storing that is declined, with the score it would have
+had, the score of the block storing it would have evicted (`frontier`), and why.
 """
 
 from __future__ import annotations
@@ -27,5 +29,20 @@ class EvictionDecision:
     policy_used: PolicyUsed
     score: float
     components: ScoreComponents | None
+    snapshot_age_s: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """A block not stored (admission control): `tier` is the tier where storing it would have evicted the
+    block of priority `frontier` (None: no block was ranked there); `score`/`components` are the block's
+    own as if stored (`BlockCounters.offer`)."""
+
+    block_hash: Hashable
+    tier: str
+    score: float
+    components: ScoreComponents
+    frontier: float | None
     snapshot_age_s: float | None
     reason: str

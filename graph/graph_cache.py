@@ -1,20 +1,30 @@
 """The graph policy as a prefix-cache simulator for `replay` (the protocol is in `simulators`).
 
-Provides `GraphCache(capacity_blocks, weights)` with `process(blocks, sources) -> hit_blocks`, the counters
-`evictions`, `size`, and `graph` (the one-tier `KVCacheGraph` it drives) with its `reuse` (`ReuseStats`).
+Provides `GraphCache(capacity_blocks, weights, admission=True)` with `process(blocks, sources) ->
+hit_blocks`, the counters `evictions`, `declined`, `size`, and `graph` (the one-tier `KVCacheGraph` it
+drives) with its `reuse` (`ReuseStats`).
 
-Every per-block counter (hits, chain_hits, branches, run, reuse class, lifetimes and ghosts, leaf status)
-is the graph's: each request notifies `on_hit` / `on_store` / `on_remove` under a request id of its own,
-exactly as the tier manager does, so the block this simulator evicts is the one `GraphEvictionAdvisor`
-ranks first on the same history (tests/graph/test_graph_live_vs_replay.py). What it keeps on top is the
-victim index, which makes an eviction O(log N) instead of a full ranking: each reuse class has a heap of
-its leaves keyed by their priority without the reuse term (`scoring.priority` with `reuse_p` = 1 and the
-capacity as horizon: the cache is full whenever it evicts), which is the same for the whole class; an
-eviction compares the heads of the classes with the reuse term of the moment added
-(`scoring.reuse_terms`), so learning a new reuse probability never reorders a heap. A heap entry is
-current while the block's `seq` (its last access) is the one it was pushed with and the block is a leaf;
-a class's head and rank are cached until its heap, its reuse counters or the request (the pinned blocks)
-change.
+Every per-block counter (hits, chain_hits, branches, run, reuse class, lifetimes and ghosts, reuse
+distances and loops, leaf status) is the graph's: each request notifies `on_hit` / `on_store` /
+`on_decline` / `on_remove` under a request id of its own, exactly as the tier manager does, so the block
+this simulator evicts is the one `GraphEvictionAdvisor` ranks first on the same history, and the blocks it
+declines are the ones the advisor's `admission` declines (tests/graph/test_graph_live_vs_replay.py).
+
+Admission: when the cache is full, a missing block is scored as if stored (`BlockCounters.offer`) against
+the block that storing it would evict; if `BlockCounters.decline_reason` says no, it is not stored, and
+neither is the rest of the request's missing blocks (useless without their prefix).
+
+What it keeps on top is the victim index, which makes an eviction O(log N) instead of a full ranking:
+- each reuse class has a heap of its leaves ranked by recency, keyed by their priority without the reuse
+  term (`scoring.priority` with `reuse_p` = 1 and the capacity as horizon: the cache is full whenever it
+  evicts), which is the same for the whole class; an eviction compares the heads of the classes with the
+  reuse term of the moment added (`scoring.reuse_terms`), so learning never reorders a heap;
+- each reuse-distance bucket has a heap of its leaves ranked by their loop, keyed by `scoring.loop_key`;
+  the part that moves with the clocks (`scoring.loop_shift`) is the same for the whole bucket and added
+  when the heads are compared; a timer heap moves a loop block to its class heap when it becomes overdue.
+A heap entry is current while the block's `seq` (its last access) is the one it was pushed with and the
+block is a leaf (and, for a loop entry, not overdue); a class's head and rank are cached until its heap,
+its reuse counters or the request (the pinned blocks) change.
 """
 
 from __future__ import annotations
@@ -27,24 +37,30 @@ import numpy as np
 from tiercache.graph import scoring
 from tiercache.graph.kvgraph import KVCacheGraph
 from tiercache.graph.reuse import N_CLASSES, ReuseStats
-from tiercache.graph.scoring import SOURCES, ScoreWeights
+from tiercache.graph.scoring import GAP_VALUES, SOURCES, ScoreWeights
 
 TIER = "cache"
+_ALL = frozenset(range(N_CLASSES))
 
 
 class GraphCache:
-    """Leaves of the prefix tree only, lowest `scoring.priority` first (ties: the earlier access)."""
+    """Leaves of the prefix tree only, lowest priority first (ties: the earlier access)."""
 
-    def __init__(self, capacity_blocks: int, weights: ScoreWeights | None = None) -> None:
+    def __init__(self, capacity_blocks: int, weights: ScoreWeights | None = None, admission: bool = True):
         self.capacity = capacity_blocks
+        self.admission = admission
         self.graph = KVCacheGraph(tiers=(TIER,), weights=weights)
         self.weights = self.graph.weights
-        self.evictions = 0
+        self.evictions = self.declined = 0
         self._requests = 0  # request ids: every request of a replay is a new one
         self._heaps: list[list[tuple[float, int, Hashable]]] = [[] for _ in range(N_CLASSES)]
         self._rank: dict[int, tuple[float, int, Hashable, int]] = {}  # class → (priority, seq, block, class)
         self._dirty: set[int] = set()  # classes whose cached head may be out of date
         self._halvings = 0
+        self._loops: dict[int, list[tuple[float, int, Hashable, float]]] = {}  # bucket → (key, seq, b, vt)
+        self._loop_head: dict[int, tuple[float, int, Hashable, float] | None] = {}
+        self._loop_dirty: set[int] = set()
+        self._timers: list[tuple[float, int, Hashable]] = []  # (overdue after this vt, seq, block)
 
     @property
     def size(self) -> int:
@@ -71,37 +87,73 @@ class GraphCache:
                 g.on_hit(b, request)
                 self._indexed(b)
         pinned = set(blocks)
-        self._dirty = set(range(N_CLASSES))  # the pinned blocks changed
+        self._dirty = set(_ALL)  # the pinned blocks changed
+        self._loop_dirty = set(self._loops)
+        declined = False
         for i, b in enumerate(blocks):
             if b in g:
                 continue
-            while len(g) >= self.capacity:
-                self._evict_one(pinned)
-            ghost = g.reuse.ghosts.get(b)
-            if ghost is not None:  # its return is credited to the class it was evicted in
-                self._dirty.add(ghost)
-            g.on_store(b, blocks[i - 1] if i else None, request, tier=TIER, source=SOURCES[sources[i]])
+            parent = blocks[i - 1] if i else None
+            while not declined and len(g) >= self.capacity:
+                victim = self._victim(pinned)
+                if self.admission and self._declines(b, parent, sources[i], victim[0]):
+                    declined = True
+                else:
+                    self._evict(victim)
+            if declined:
+                self._decline(b, parent)
+                continue
+            ghost = g.reuse.ghost(b, len(g))
+            if ghost is not None:  # its return is credited to the class it was evicted in, its loop's
+                self._dirty.add(ghost.code)
+                self._loop_dirty.add(ghost.bucket)
+            g.on_store(b, parent, request, tier=TIER, source=SOURCES[sources[i]])
+            self._dirty.add(g.class_of(b))  # a lifetime opened in its class (even ranked by its loop)
             self._indexed(b)  # its parent (in this request: pinned) is no leaf now; the heap drops it lazily
         return hit
 
-    def _indexed(self, b: Hashable) -> None:
-        """`b` was stored or hit, or became a leaf: push it if it is a leaf; its class's head may change.
-        (A hit block that is no leaf needs no push, and process() marks every class dirty after hits.)"""
+    # --- admission -----------------------------------------------------------------------------------
+    def _declines(self, b: Hashable, parent: Hashable | None, source: int, frontier: float) -> bool:
         g = self.graph
-        if g.is_evictable(b, TIER):
+        offer = g.offer(b, parent, self.capacity, g.tier_ticks[0], g.vt, source)
+        return g.decline_reason(offer, frontier) is not None
+
+    def _decline(self, b: Hashable, parent: Hashable | None) -> None:
+        g = self.graph
+        ghost = g.reuse.ghost(b, len(g))
+        if ghost is not None:
+            self._dirty.add(ghost.code)
+            self._loop_dirty.add(ghost.bucket)
+        self._dirty.add(g.on_decline(b, parent))  # a lifetime opened (and ended) in its class
+        self.declined += 1
+
+    # --- the victim index ----------------------------------------------------------------------------
+    def _indexed(self, b: Hashable) -> None:
+        """`b` was stored or hit, or became a leaf: push it if it is a leaf; its heap's head may change.
+        (A hit block that is no leaf needs no push, and process() marks every heap dirty after hits.)"""
+        g = self.graph
+        if not g.is_evictable(b, TIER):
+            return
+        loop = g.loop_rank_key(b, self.capacity)
+        if loop is None:
             code, key, seq = g.rank_key(b, self.capacity)
             heapq.heappush(self._heaps[code], (key, seq, b))
             self._dirty.add(code)
+            return
+        bucket, key, seq, overdue = loop
+        heapq.heappush(self._loops.setdefault(bucket, []), (key, seq, b, overdue))
+        heapq.heappush(self._timers, (overdue, seq, b))
+        self._loop_dirty.add(bucket)
 
-    def _head(self, heap: list, pinned: set[Hashable]) -> tuple[float, int, Hashable] | None:
+    def _head(self, heap: list, pinned: set[Hashable], vt: int = 0) -> tuple | None:
         """The heap's lowest entry that is a current leaf outside `pinned` (stale entries dropped)."""
         evictable_seq = self.graph.evictable_seq
         skipped, found = [], None
         while heap:
             item = heap[0]
             b = item[2]
-            if evictable_seq(b, TIER) != item[1]:
-                heapq.heappop(heap)  # stale entry, or no longer a leaf (pushed again when it becomes one)
+            if evictable_seq(b, TIER) != item[1] or (len(item) == 4 and item[3] < vt):
+                heapq.heappop(heap)  # stale, overdue, or no leaf now (pushed again when it becomes one)
             elif b in pinned:
                 skipped.append(heapq.heappop(heap))
             else:
@@ -111,11 +163,17 @@ class GraphCache:
             heapq.heappush(heap, item)
         return found
 
-    def _evict_one(self, pinned: set[Hashable]) -> None:
+    def _victim(self, pinned: set[Hashable]) -> tuple[float, int, Hashable, int]:
+        """(priority, seq, block, heap: class code, or -1 - bucket for a loop heap) of the lowest leaf."""
         g = self.graph
+        vt = g.vt
+        while self._timers and self._timers[0][0] < vt:  # overdue: ranked by recency again
+            _, seq, b = heapq.heappop(self._timers)
+            if g.evictable_seq(b, TIER) == seq:
+                self._indexed(b)
         if g.reuse.halvings != self._halvings:  # every class's counters changed
             self._halvings = g.reuse.halvings
-            self._dirty = set(range(N_CLASSES))
+            self._dirty = set(_ALL)
         if self._dirty:
             codes = sorted(self._dirty)
             ps = np.array([g.reuse.probability(code) for code in codes])
@@ -126,10 +184,38 @@ class GraphCache:
                 else:  # the same operations as scoring.priority_array: key + horizon · reuse term
                     self._rank[code] = (item[0] + self.capacity * term, item[1], item[2], code)
             self._dirty.clear()
-        _, _, victim, code = min(self._rank.values())  # (priority, seq) decides: seqs are unique
-        self._dirty.add(code)
-        parent = g.parent_of(victim)
-        g.on_remove(victim)
+        for bucket in self._loop_dirty:
+            if bucket in self._loops:
+                self._loop_head[bucket] = self._head(self._loops[bucket], pinned, vt)
+        self._loop_dirty.clear()
+        best = min(self._rank.values(), default=None)
+        heads = []
+        for bucket, item in self._loop_head.items():
+            if item is not None and item[3] < vt:  # became overdue since its head was taken
+                item = self._loop_head[bucket] = self._head(self._loops[bucket], pinned, vt)
+            if item is not None:
+                heads.append((bucket, item))
+        if heads:
+            w, now_tick, cap = self.weights, g.tier_ticks[0], self.capacity
+            ps = np.array([g.reuse.loop_probability(bucket) for bucket, _ in heads])
+            for (bucket, item), term in zip(heads, scoring.reuse_terms(w, ps).tolist(), strict=True):
+                # the same operations as the advisor's: (loop_shift + key) + horizon · reuse term
+                shift = scoring.loop_shift(w, cap, now_tick, vt, GAP_VALUES[bucket])
+                rank = ((shift + item[0]) + cap * term, item[1], item[2], -1 - bucket)
+                if best is None or rank < best:
+                    best = rank
+        assert best is not None, "a full cache with no evictable block outside the request"
+        return best
+
+    def _evict(self, victim: tuple[float, int, Hashable, int]) -> None:
+        g = self.graph
+        _, _, b, heap = victim
+        if heap >= 0:
+            self._dirty.add(heap)
+        else:
+            self._loop_dirty.add(-1 - heap)
+        parent = g.parent_of(b)
+        g.on_remove(b)
         self.evictions += 1
         if parent is not None and g.is_evictable(parent, TIER):
             self._indexed(parent)  # a leaf again, its counters as at its last access

@@ -14,7 +14,10 @@ Notifications (the manager calls them from its own thread; each is O(1) or O(deg
 - `on_step(hashes_used_together)` — blocks loaded or attended in one step.
 - `on_move(block_hash, tier_from, tier_to)` — spill or warm between tiers.
 - `on_remove(block_hash)` — the block is gone from every tier: its edges and counters go with it (its reuse
-  class stays a while as a ghost, see `tiercache.graph.reuse`).
+  class stays a while as a ghost, see `tiercache.graph.reuse`); its cached descendants, if any, become
+  orphans (no lookup reaches them: ranked first, see `scoring`).
+- `on_decline(block_hash, parent_hash=None)` — a block offered for storing was not stored (the admission
+  control of `offer` / `decline_reason`): it counts as a block request and becomes a ghost, no node.
 - `on_sketch(block_hash, sketch)` — optional 64-bit key sketch; similar sketches get a `semantic` edge.
 Queries without the lock (same thread as the notifications): `info`, `edge_types`, `neighbors`, and the
 core's (`tier_of`, `tier_size`, `is_evictable`, `parent_of`, `score_inputs`, `lru_fallback_order`, ...).
@@ -117,10 +120,21 @@ class KVCacheGraph(BlockCounters):
             self._move(s, f, t)
             self._bump(block_hash, block_hash, "spill_link")
 
+    def on_decline(self, block_hash: Hashable, parent_hash: Hashable | None = None) -> int:
+        """A block offered for storing was not stored (admission control; a block stored now is left
+        alone): counted as a block request, remembered as a ghost; returns the reuse class it counted in."""
+        if block_hash in self._slot:
+            return self.table.reuse_class.item(self._slot[block_hash])
+        with self.lock:
+            return self._decline(block_hash, parent_hash)
+
     def on_remove(self, block_hash: Hashable) -> None:
         if block_hash not in self._slot:
             return
         with self.lock:
+            s = self._slot[block_hash]
+            if self.table.children[s].any():  # a hole in the prefix chains below it: unreachable now
+                self._orphan_below(block_hash)
             self._remove(block_hash)
             self.nx.remove_node(block_hash)
             self._sketches.remove(block_hash)
@@ -159,7 +173,11 @@ class KVCacheGraph(BlockCounters):
     def export(self) -> TableCopy:
         """Copies of the counters (taken under the lock; O(memcpy), no per-block work)."""
         with self.lock:
-            return self.table.copy(self._hashes, self._size, self.reuse.probabilities())
+            reuse = self.reuse
+            return self.table.copy(
+                self._hashes, self._size, reuse.probabilities(), reuse.loop_probabilities(), self._stores,
+                self.vt,
+            )  # fmt: skip
 
     def check_invariants(self) -> None:
         """Assert the counters and the edges agree with the blocks stored (tests and debugging; O(N))."""
@@ -168,6 +186,19 @@ class KVCacheGraph(BlockCounters):
         assert all(h in self._slot for h in self._sketches._sketch)
 
     # --- internals -----------------------------------------------------------------------------------
+    def _orphan_below(self, block_hash: Hashable) -> None:
+        """Mark every cached descendant of a block about to be removed as an orphan (its `temporal` edges
+        lead to its children; O(subtree · degree), only when a block with cached children goes)."""
+        tb, todo = self.table, [block_hash]
+        while todo:
+            x = todo.pop()
+            sx = self._slot[x]
+            for c in self.nx.adj[x]:
+                sc = self._slot[c]
+                if c != x and tb.live_parent(sc) == sx and not tb.orphan.item(sc):
+                    tb.orphan[sc] = 1
+                    todo.append(c)
+
     def _bump(self, a: Hashable, b: Hashable, kind: str) -> None:
         data = self.nx.get_edge_data(a, b)
         if data is None:

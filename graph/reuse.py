@@ -12,9 +12,11 @@ A block's class is fixed each time it is accessed (stored, or hit by a new reque
   cached children).
 
 Each access opens a *lifetime* in the block's class; the lifetime is *reused* if the block is hit again by
-a new request, or stored again while the class it was evicted in is still remembered (a *ghost*: evicted
-blocks keep their class in a FIFO no longer than the number of cached blocks, as ARC keeps its B1/B2 lists,
-so the blocks the policy drops early still teach it whether they came back). Per class::
+a new request, or stored (or offered and declined) again while the class it was evicted in is still
+remembered (a *ghost*: evicted and declined blocks keep their class and the time of their last use in a
+FIFO, as ARC keeps its B1/B2 lists, so the blocks the policy drops early still teach it whether, and after
+how long, they came back). The FIFO holds `ghosts` × the number of cached blocks, so a loop up to
+`ghosts` + 1 times the cache is seen to come back. Per class::
 
     p(class) = (reuses + 1) / (lifetimes + 2)       # Laplace's rule: 1/2 for a class never seen
 
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import NamedTuple
 
 import numpy as np
 
 CHAIN_LEVELS, RUN_LEVELS = 6, 5
 N_CLASSES = CHAIN_LEVELS * RUN_LEVELS * 2
+N_BUCKETS = 256  # reuse-distance buckets (scoring.GAPS)
 
 
 def chain_level(chain_hits: float) -> int:
@@ -59,26 +63,45 @@ def class_label(code: int) -> str:
     return f"chain {chains[chain]} run {runs[run]}" + (" branch" if branch else "")
 
 
-class ReuseStats:
-    """Per-class lifetimes and reuses (plain lists: scalar updates on the hot path) and the ghost FIFO."""
+class Ghost(NamedTuple):
+    """What is remembered of an evicted or declined block: its class, last use (vt), reuse-distance bucket
+    and loop flag then (`tiercache.graph.counters`), and whether it is still recent enough to be credited
+    to its class (fewer evictions since than blocks cached)."""
 
-    def __init__(self, window: int = 1 << 20) -> None:
+    code: int
+    last_vt: int
+    bucket: int
+    loop: bool
+    recent: bool
+
+
+class ReuseStats:
+    """Per-class lifetimes and reuses (plain lists: scalar updates on the hot path), per reuse-distance
+    bucket the loop lifetimes and on-time returns, and the ghost FIFO (block → one packed int)."""
+
+    def __init__(self, window: int = 1 << 20, ghosts: float = 1.0) -> None:
         if window < 2:
             raise ValueError(f"reuse window must be >= 2 lifetimes, got {window}")
         self.window = window
+        self.ghost_factor = ghosts
         self.lifetimes = [0.0] * N_CLASSES
         self.reuses = [0.0] * N_CLASSES
+        self.loops = [0.0] * N_BUCKETS  # loop lifetimes by reuse-distance bucket
+        self.loops_back = [0.0] * N_BUCKETS  # of those, the ones back before they were overdue
         self.total = 0.0
         self.halvings = 0
+        self.evictions = 0  # ghosts recorded so far: a ghost's age
         self.ghosts: OrderedDict[Hashable, int] = OrderedDict()
 
     def start(self, code: int) -> None:
-        """A block entered class `code` (stored, or hit by a new request)."""
+        """A block entered class `code` (stored, hit by a new request, or declined)."""
         self.lifetimes[code] += 1.0
         self.total += 1.0
         if self.total >= self.window:
             self.lifetimes = [x / 2 for x in self.lifetimes]
             self.reuses = [x / 2 for x in self.reuses]
+            self.loops = [x / 2 for x in self.loops]
+            self.loops_back = [x / 2 for x in self.loops_back]
             self.total /= 2
             self.halvings += 1
 
@@ -86,19 +109,44 @@ class ReuseStats:
         """The lifetime a block opened in class `code` ended with a reuse."""
         self.reuses[code] += 1.0
 
-    def evicted(self, block: Hashable, code: int, limit: int) -> None:
-        """Remember an evicted block's class; keep at most `limit` ghosts (oldest forgotten first)."""
-        self.ghosts[block] = code
+    def start_loop(self, bucket: int) -> None:
+        """A block came back from beyond recency's reach after about GAPS[bucket] block requests."""
+        self.loops[bucket] += 1.0
+
+    def loop_back(self, bucket: int) -> None:
+        """A block that came back after GAPS[bucket] came back again before it was overdue."""
+        self.loops_back[bucket] += 1.0
+
+    def evicted(
+        self, block: Hashable, code: int, cached: int, last_vt: int = 0, bucket: int = 0, loop: bool = False
+    ) -> None:
+        """Remember an evicted (or declined) block as the newest ghost: its class, last use (vt) and loop
+        state; keep at most `ghost_factor` × `cached` ghosts (oldest forgotten first)."""
+        self.ghosts.pop(block, None)
+        self.evictions += 1
+        self.ghosts[block] = ((self.evictions << 40 | last_vt) << 15) | bucket << 7 | bool(loop) << 6 | code
+        limit = max(int(self.ghost_factor * cached), 1)
         while len(self.ghosts) > limit:
             self.ghosts.popitem(last=False)
 
-    def stored(self, block: Hashable) -> int | None:
-        """A block is stored: if it is a ghost, the lifetime it was evicted in counts as reused (its class is
-        returned, else None)."""
-        code = self.ghosts.pop(block, None)
-        if code is not None:
-            self.reused(code)
-        return code
+    def stored(self, block: Hashable, cached: int) -> Ghost | None:
+        """A block is stored or offered: if it is a ghost, forget it and return it; if it is recent (fewer
+        evictions since than the `cached` blocks), the lifetime it was evicted in counts as reused."""
+        ghost = self.ghost(block, cached)
+        if ghost is not None:
+            del self.ghosts[block]
+            if ghost.recent:
+                self.reused(ghost.code)
+        return ghost
+
+    def ghost(self, block: Hashable, cached: int) -> Ghost | None:
+        """The ghost of `block` (None if not remembered); changes nothing."""
+        packed = self.ghosts.get(block)
+        if packed is None:
+            return None
+        seq, last_vt = packed >> 55, (packed >> 15) & ((1 << 40) - 1)
+        bucket, loop, code = (packed >> 7) & 0xFF, bool(packed >> 6 & 1), packed & 0x3F
+        return Ghost(code, last_vt, bucket, loop, self.evictions - seq < cached)
 
     def probability(self, code: int) -> float:
         return (self.reuses[code] + 1.0) / (self.lifetimes[code] + 2.0)
@@ -106,3 +154,12 @@ class ReuseStats:
     def probabilities(self) -> np.ndarray:
         """float64 [N_CLASSES]: p(class) for every class."""
         return (np.array(self.reuses) + 1.0) / (np.array(self.lifetimes) + 2.0)
+
+    def loop_probability(self, bucket: int) -> float:
+        """Of the blocks that came back after about GAPS[bucket] block requests, the fraction back again
+        in time (Laplace's rule, as `probability`)."""
+        return (self.loops_back[bucket] + 1.0) / (self.loops[bucket] + 2.0)
+
+    def loop_probabilities(self) -> np.ndarray:
+        """float64 [N_BUCKETS]: `loop_probability` for every bucket."""
+        return (np.array(self.loops_back) + 1.0) / (np.array(self.loops) + 2.0)

@@ -31,19 +31,28 @@ COLUMNS: dict[str, type] = {
     "parent": np.int64,  # parent slot or -1
     "parent_uid": np.int64,
     "last_request": np.int64,  # hash of the last request id that used it
+    "last_vt": np.int64,  # the graph's block-request clock (vt) at the last store or hit
+    "gap": np.uint8,  # scoring.GAPS bucket of the last reuse distance in vt (0: never reused)
+    "loop": np.int8,  # 1: the last reuse came from farther than recency reaches (see counters)
+    "orphan": np.int8,  # 1: a block of its prefix was removed while it was cached: no lookup reaches it
 }
 
 
 @dataclass(frozen=True)
 class TableCopy:
     """A copy of the used slots [0, n): one array per column, `children` [n, n_tiers], `hashes` [n];
-    `reuse_p` [reuse.N_CLASSES]: the learned reuse probability of each class at the time of the copy."""
+    `reuse_p` [reuse.N_CLASSES] and `loop_p` [reuse.N_BUCKETS]: the learned reuse probability of each class
+    and on-time return probability of each loop bucket at the time of the copy; `tier_ticks` (each tier's
+    store counter) and `vt` (block requests so far): the clocks then."""
 
     columns: dict[str, np.ndarray]
     children: np.ndarray
     hashes: list
     tier_sizes: list[int]
     reuse_p: np.ndarray
+    loop_p: np.ndarray
+    tier_ticks: list[int]
+    vt: int
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -102,10 +111,12 @@ class BlockTable:
             return p
         return -1
 
-    def copy(self, hashes: list, tier_sizes: list[int], reuse_p: np.ndarray) -> TableCopy:
+    def copy(self, hashes: list, tier_sizes: list[int], reuse_p, loop_p, tier_ticks: list[int], vt: int):
+        """A `TableCopy` of the used slots with these per-graph values (the caller holds the lock)."""
         n = self.high
         cols = {name: getattr(self, name)[:n].copy() for name in COLUMNS}
-        return TableCopy(cols, self.children[:n].copy(), list(hashes[:n]), list(tier_sizes), reuse_p)
+        children, sizes, ticks = self.children[:n].copy(), list(tier_sizes), list(tier_ticks)
+        return TableCopy(cols, children, list(hashes[:n]), sizes, reuse_p, loop_p, ticks, vt)
 
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in COLUMNS) + self.children.nbytes

@@ -179,7 +179,8 @@ def test_prometheus_metrics_carry_each_counter_with_its_labels():
     prom.observe(first, engine_idx=0)
     data = {
         "totals": {"hits_dram": 4, "misses": 2, "tokens_loaded": 128, "io_spill_bytes": 8192,
-                   "io_spill_us": 4, "evicted_drop_by_graph": 3, "failures_no_room": 1},
+                   "io_spill_us": 4, "evicted_drop_by_graph": 3, "declined_by_graph": 5,
+                   "failures_no_room": 1},
         "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 4},
     }  # fmt: skip
     # vLLM aggregates an interval's stats: totals only grow, the newest wins
@@ -194,6 +195,7 @@ def test_prometheus_metrics_carry_each_counter_with_its_labels():
     assert value("vllm:tiercache_transfer_seconds_total", direction="spill") == pytest.approx(4e-6)
     assert value("vllm:tiercache_transfer_gbps", direction="spill") == pytest.approx(8192 / 4e-6 / 1e9)
     assert value("vllm:tiercache_evictions_total", policy="graph", action="drop") == 3
+    assert value("vllm:tiercache_declined_blocks_total", policy="graph") == 5
     assert value("vllm:tiercache_failures_total", cause="no_room") == 1
     assert value("vllm:tiercache_occupancy", tier="vram") == 0.75
     exported = {m.name for m in registry.collect()}

@@ -51,15 +51,30 @@ def test_probability_is_laplace_over_lifetimes():
     assert probs.shape == (N_CLASSES,) and probs[7] == 0.4 and probs[8] == 0.5
 
 
-def test_ghosts_are_a_fifo_as_long_as_the_cache_and_credit_a_return():
-    stats = ReuseStats()
-    stats.evicted("a", 5, limit=2)
-    stats.evicted("b", 6, limit=2)
-    stats.evicted("c", 7, limit=2)  # a is forgotten
+def test_ghosts_are_a_fifo_and_credit_a_recent_return():
+    stats = ReuseStats(ghosts=1.0)
+    stats.evicted("a", 5, cached=2, last_vt=10)
+    stats.evicted("b", 6, cached=2, last_vt=11, bucket=9, loop=True)
+    stats.evicted("c", 7, cached=2, last_vt=12)  # a is forgotten: the FIFO holds ghosts × cached
     assert list(stats.ghosts) == ["b", "c"]
-    assert stats.stored("a") is None and sum(stats.reuses) == 0  # forgotten: its return teaches nothing
-    assert stats.stored("b") == 6 and stats.reuses[6] == 1
-    assert stats.stored("b") is None and stats.reuses[6] == 1  # a ghost counts once
+    assert stats.stored("a", cached=2) is None and sum(stats.reuses) == 0  # forgotten: teaches nothing
+    assert stats.ghost("b", cached=2) == (6, 11, 9, True, True)
+    assert stats.stored("b", cached=2).code == 6 and stats.reuses[6] == 1
+    assert stats.stored("b", cached=2) is None and stats.reuses[6] == 1  # a ghost counts once
+
+
+def test_an_old_ghost_gives_its_distance_but_no_credit():
+    # Ghosts are kept `ghosts` times the cache, so a loop larger than the cache is seen to come back; only
+    # a return within as many evictions as there are cached blocks counts for the class, as before.
+    stats = ReuseStats(ghosts=3.0)
+    stats.evicted("old", 4, cached=2, last_vt=100)
+    for i in range(3):
+        stats.evicted(i, 0, cached=2)
+    ghost = stats.stored("old", cached=2)
+    assert ghost is not None and ghost.last_vt == 100 and not ghost.recent and stats.reuses[4] == 0
+    stats.start_loop(9)
+    stats.loop_back(9)
+    assert stats.loop_probability(9) == (1 + 1) / (1 + 2) and stats.loop_probabilities()[9] == 2 / 3
 
 
 def test_window_halves_every_counter():
@@ -102,7 +117,7 @@ def test_graph_classes_runs_and_lifetimes_by_hand():
     assert lifetimes(g) == {root: (2, 1), first: (1, 0), deep: (1, 0), hot: (1, 0)}
 
     g.on_remove(b"u2")  # evicted: a ghost of class `deep`
-    assert dict(g.reuse.ghosts) == {b"u2": deep}
+    assert list(g.reuse.ghosts) == [b"u2"] and g.reuse.ghost(b"u2", len(g)).code == deep
     g.on_store(b"u2", b"u1", "r3", source="user")  # it came back: its evicted lifetime counts as reused
     assert lifetimes(g) == {root: (2, 1), first: (1, 0), deep: (2, 1), hot: (1, 0)} and not g.reuse.ghosts
     g.check_invariants()
@@ -113,13 +128,14 @@ def test_graph_classes_runs_and_lifetimes_by_hand():
     assert adv.explain(b"v1").reuse == pytest.approx(math.log2((1 + 1) / (2 + 2)))
 
 
-def test_ghost_list_no_longer_than_the_cache():
-    g = KVCacheGraph(tiers=("vram",))
-    for i in range(5):
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+def test_ghost_list_holds_factor_times_the_cache(factor):
+    g = KVCacheGraph(tiers=("vram",), weights=ScoreWeights(ghosts=factor))
+    for i in range(6):
         g.on_store(bytes([i]), None, f"r{i}")
-    for i in range(4):
+    for i in range(5):
         g.on_remove(bytes([i]))
-    assert list(g.reuse.ghosts) == [bytes([3])]  # one block cached: one ghost
+    assert list(g.reuse.ghosts) == [bytes([i]) for i in range(5 - int(factor), 5)]  # one block cached
     g.check_invariants()
 
 

@@ -115,6 +115,7 @@ def render(report: Mapping[str, Any]) -> str:
     lines += [
         f"evictions: {s.evictions} ({s.evictions - s.evictions_dropped} spilled, {s.evictions_dropped} "
         f"dropped; by policy: {_by(s.evictions_by_policy) or 'none'})",
+        f"admission: {s.declines} new blocks declined (by policy: {_by(s.declines_by_policy) or 'none'})",
         f"moves:     {s.spills} spills and {s.warms} warms done, {s.spill_failures + s.warm_failures} "
         f"failed, {s.jobs_in_flight} jobs in flight; {s.drops} blocks dropped after a failure",
     ]

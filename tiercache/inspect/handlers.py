@@ -154,7 +154,7 @@ def _stats(state: InspectionState, params: dict) -> dict[str, Any]:
     hits = sum(c.get("hits_" + t, 0) for t in TIERS)
     misses = c.get("misses", 0)
     loaded, recomputed = c.get("tokens_loaded", 0), c.get("tokens_recomputed", 0)
-    by = "evictions_by_"
+    by, declined = "evictions_by_", "declined_by_"
     return {
         "pid": snap.pid,
         "version": snap.version,
@@ -180,6 +180,8 @@ def _stats(state: InspectionState, params: dict) -> dict[str, Any]:
         "evictions_dropped": c.get("evictions_dropped", 0),
         "evictions_by_policy": {k[len(by) :]: v for k, v in c.items() if k.startswith(by)},
         "drops": c.get("drops", 0),
+        "declines": c.get("declines", 0),
+        "declines_by_policy": {k[len(declined) :]: v for k, v in c.items() if k.startswith(declined)},
         "tokens_loaded": loaded,
         "tokens_recomputed": recomputed,
         "token_hit_rate": loaded / (loaded + recomputed) if loaded + recomputed else None,

@@ -10,7 +10,8 @@ Provides:
     RequestLog(size)     the `size` most recent admissions; .add(record), .find(key) -> RequestRecord | None
                          (key: a request id, vLLM's internal or the caller's, or a prompt digest)
     Departures(size)     block hash → the event that took it out of the tiers (an eviction that dropped it,
-                         a drop after a failed load, a store that failed or found no room), for the `size`
+                         a drop after a failed load, a store that failed or found no room) or kept it out
+                         (a store the policy's admission control declined), for the `size`
                          most recently departed blocks; .record(event), .get(block_hash), .forgotten
     prompt_digest(token_ids) -> bytes   16 bytes naming a prompt (blake2b of its token ids)
 
@@ -28,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tiercache.scheduler.events import DropEvent, EvictionEvent, StoreEvent, TierEvent
+from tiercache.scheduler.events import DeclineEvent, DropEvent, EvictionEvent, StoreEvent, TierEvent
 from tiercache.wire import DRAM, VRAM
 
 # RequestRecord.where: one character per block of the prompt that was looked up
@@ -130,7 +131,7 @@ def is_departure(event: TierEvent) -> bool:
         return event.tier_to is None
     if isinstance(event, StoreEvent):
         return not event.stored
-    return isinstance(event, DropEvent)
+    return isinstance(event, DropEvent | DeclineEvent)
 
 
 def prompt_digest(token_ids: Sequence[int] | None) -> bytes | None:

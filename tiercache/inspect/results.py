@@ -162,6 +162,8 @@ class Stats:
     ttft_miss: TTFTStats | None
     tiers: tuple[TierStats, ...]
     evictions_dropped: int = 0  # evictions that left the tiers (the rest were spilled)
+    declines: int = 0  # new blocks not stored: the policy's admission control predicted no use in time
+    declines_by_policy: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     jobs_in_flight: int = 0
     spilling: int = 0
     events: int = 0
@@ -192,14 +194,14 @@ class Stats:
 @dataclass(frozen=True)
 class Decision:
     seq: int
-    kind: str  # eviction | drop | warm | spill
+    kind: str  # eviction | drop | decline | warm | spill
     block_hash: bytes
     reason: str
     age_s: float  # seconds ago
     tier_from: str
-    tier_to: str | None  # None: dropped
+    tier_to: str | None  # None: dropped (decline: never stored; tier_from: where it was judged)
     slot: int
-    policy: str | None = None  # evictions: the policy actually used (graph, lru, lru-fallback)
+    policy: str | None = None  # evictions, declines: the policy actually used (graph, lru, lru-fallback)
     score: float | None = None
     components: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     snapshot_age_s: float | None = None  # the advisor snapshot's age when the decision was taken
@@ -213,7 +215,9 @@ class Decision:
 
     @property
     def action(self) -> str:
-        """e.g. "spill vram→dram", "drop dram", "warm dram→vram", "spill failed"."""
+        """e.g. "spill vram→dram", "drop dram", "decline dram", "warm dram→vram", "spill failed"."""
+        if self.kind == "decline":
+            return f"decline {self.tier_from}"
         if self.stage == "failed":
             return f"{self.kind} failed"
         if self.tier_to is None:

@@ -43,6 +43,11 @@ def decision_dict(e, snap: Snapshot) -> dict[str, Any]:
         )  # fmt: skip
     elif kind == "drop":
         out.update(tier_from=e.tier, tier_to=None, slot=e.slot)
+    elif kind == "decline":  # never stored: tier_from is the tier its store would have evicted from
+        out.update(
+            tier_from=e.tier, tier_to=None, slot=-1, policy=e.policy, score=e.score,
+            components=dict(e.components), snapshot_age_s=e.snapshot_age,
+        )  # fmt: skip
     else:  # a move: spill / warm
         out.update(tier_from=e.tier_from, tier_to=e.tier_to, slot=e.from_slot, stage=e.stage, job_id=e.job_id)
     return out

@@ -26,7 +26,8 @@ Provides:
     DECISION_KINDS                          event kinds kept as decisions
     live_states() -> list[InspectionState]  this process's live states, newest first (the in-process client)
 
-Decisions kept: every EvictionEvent and DropEvent, warms (MoveEvents towards VRAM) when planned (a load hit or
+Decisions kept: every EvictionEvent, DropEvent and DeclineEvent (a block the policy's admission control
+did not store), warms (MoveEvents towards VRAM) when planned (a load hit or
 prefetch) or failed, spills when failed (a planned spill is already described by its EvictionEvent;
 completions are counted, not kept).
 """
@@ -47,7 +48,7 @@ from tiercache.scheduler.events import TierEvent, cause_of
 from tiercache.scheduler.views import BlockView, ManagerView, TierView
 from tiercache.wire import TIERS, TRANSFER_DIRECTIONS
 
-DECISION_KINDS = ("eviction", "drop", "warm", "spill")
+DECISION_KINDS = ("eviction", "drop", "decline", "warm", "spill")
 _KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
 _HIT_KEY = {tier: "hits_" + tier for tier in TIERS}
 _FROM_KEY = {tier: "evictions_from_" + tier for tier in TIERS}
@@ -55,7 +56,8 @@ _MOVE_KEY = {(k, s): f"{k}s_{s}" for k in ("spill", "warm") for s in ("planned",
 _IO_KEYS = {d: (f"io_{d}_blocks", f"io_{d}_bytes", f"io_{d}_us") for d in TRANSFER_DIRECTIONS}
 _COUNTERS = (
     *_HIT_KEY.values(), *_FROM_KEY.values(), *_MOVE_KEY.values(), "events", "misses", "stores",
-    "store_failures", "evictions", "evictions_dropped", "drops", "tokens_loaded", "tokens_recomputed",
+    "store_failures", "evictions", "evictions_dropped", "drops", "declines", "tokens_loaded",
+    "tokens_recomputed",
     *(key for keys in _IO_KEYS.values() for key in keys),
 )  # fmt: skip
 _LIVE: list[weakref.ref] = []
@@ -159,6 +161,11 @@ class InspectionState:
                 c["misses"] += 1
             elif kind == "drop":
                 c["drops"] += 1
+                departed(e)
+                keep(e)
+            elif kind == "decline":
+                c["declines"] += 1
+                _add(c, "declined_by_" + e.policy)
                 departed(e)
                 keep(e)
         c["events"] += n

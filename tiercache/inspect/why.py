@@ -12,6 +12,8 @@ A block's outcome is "vllm" (vLLM's own prefix cache had it), "hit" (tiercache l
     never_stored     no record of it in the tiers before the request (or it left more than
                      inspect.remembered_departures departures ago: `note` says so)
     evicted          dropped by the eviction policy: `event` has when, the policy and its score parts
+    declined         not stored: the policy's admission control predicted it would be evicted before its
+                     next use (`event` has when, the policy, its reason and score parts)
     hash_mismatch, codec_mismatch, load_failed, load_refused   a load of it failed: dropped, recomputed
     store_failed, store_aborted, no_room, other               its store never completed (store unavailable)
     store_in_flight  stored, but its store had not completed when the request came
@@ -30,12 +32,19 @@ from typing import Any
 from tiercache.inspect.request_log import WHERE, RequestRecord
 from tiercache.inspect.shapes import RequestError
 from tiercache.inspect.state import Snapshot
-from tiercache.scheduler.events import DropEvent, EvictionEvent, StoreEvent, TierEvent, cause_of
+from tiercache.scheduler.events import (
+    DeclineEvent,
+    DropEvent,
+    EvictionEvent,
+    StoreEvent,
+    TierEvent,
+    cause_of,
+)
 
 SLICE = 256
 OUTCOMES = ("vllm", "hit", "miss")
 MISS_CAUSES = (
-    "never_stored", "evicted", "hash_mismatch", "codec_mismatch", "load_failed",
+    "never_stored", "evicted", "declined", "hash_mismatch", "codec_mismatch", "load_failed",
     "load_refused", "store_failed", "store_aborted", "no_room", "other", "store_in_flight", "after_miss",
 )  # fmt: skip
 
@@ -105,9 +114,17 @@ def _block(
         if forgotten:
             row["note"] = "or it left the tiers before the oldest departure remembered"
     else:
-        row["cause"] = "evicted" if isinstance(left, EvictionEvent) else cause_of(left.reason)
+        row["cause"] = _departure_cause(left)
         row["event"] = _event(left, snap)
     return row
+
+
+def _departure_cause(e: TierEvent) -> str:
+    if isinstance(e, EvictionEvent):
+        return "evicted"
+    if isinstance(e, DeclineEvent):
+        return "declined"
+    return cause_of(e.reason)
 
 
 def _event(e: TierEvent, snap: Snapshot) -> dict[str, Any]:
@@ -115,6 +132,11 @@ def _event(e: TierEvent, snap: Snapshot) -> dict[str, Any]:
     if isinstance(e, EvictionEvent):
         out.update(
             tier=e.tier_from, policy=e.policy, score=e.score, components=dict(e.components),
+            snapshot_age_s=e.snapshot_age,
+        )  # fmt: skip
+    elif isinstance(e, DeclineEvent):
+        out.update(
+            tier=e.tier, policy=e.policy, score=e.score, components=dict(e.components),
             snapshot_age_s=e.snapshot_age,
         )  # fmt: skip
     elif isinstance(e, StoreEvent | DropEvent):
@@ -161,6 +183,9 @@ def _cause_text(b: dict[str, Any]) -> str:
     if cause == "evicted":
         score = "" if e["score"] is None else f", score {e['score']:.3g}"
         return f"evicted from {e['tier']} {e['age_s']:.1f}s ago by {e['policy']}{score} ({e['reason']})"
+    if cause == "declined":
+        policy, age = e["policy"], e["age_s"]
+        return f"declined by {policy}'s admission control {age:.1f}s ago ({e['reason']})"
     if cause == "never_stored":
         return "never stored before the request" + (f" ({b['note']})" if b.get("note") else "")
     if cause == "after_miss":

@@ -40,7 +40,8 @@ class PrepareStoreOutput:
     tiers: tuple[str, ...]  # "vram" while VRAM has room, else "dram" (written straight to the cold tier)
     slots: tuple[int, ...]  # slot of each in its tier
     skipped: tuple[bytes, ...] = ()  # already stored (or asked twice): nothing to write
-    not_stored: tuple[bytes, ...] = ()  # no room for these (the tail of the request's new blocks)
+    not_stored: tuple[bytes, ...] = ()  # no room for these (the tail of the request's new blocks), or
+    # declined by the policy's admission control (a DeclineEvent each says why)
 
 
 @dataclass(frozen=True)

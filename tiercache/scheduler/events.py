@@ -10,6 +10,8 @@ Provides:
     EvictionEvent                   a victim the manager took: tier_from, tier_to (DRAM = spilled, None =
                                     dropped), the policy actually used, score, score components, snapshot age
     DropEvent                       a block left the tiers without a policy choice (failed load/store, clear)
+    DeclineEvent                    a new block not stored by the policy's admission control (predicted to be
+                                    evicted before its next use): the tier judged, policy, score, components
     CAUSES, cause_of(reason) -> str one of CAUSES for the reason of a failure (a load, store or move that
                                     did not happen): a bounded label for counters and explanations
 
@@ -95,6 +97,16 @@ class DropEvent(TierEvent):
     tier: str = VRAM
     slot: int = -1
     kind: ClassVar[str] = "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class DeclineEvent(TierEvent):
+    tier: str = DRAM  # where storing it would have evicted a block
+    policy: str = "graph"
+    score: float | None = None
+    components: tuple[tuple[str, float], ...] = ()
+    snapshot_age: float | None = None
+    kind: ClassVar[str] = "decline"
 
 
 CAUSES = (

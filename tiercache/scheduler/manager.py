@@ -29,7 +29,15 @@ from tiercache.scheduler.abstract import PrepareLoadOutput, PrepareStoreOutput, 
 from tiercache.scheduler.allocator import SlotAllocator
 from tiercache.scheduler.blocks import BlockEntry, BlockIndex, PendingMove
 from tiercache.scheduler.event_log import EventLog
-from tiercache.scheduler.events import DropEvent, EvictionEvent, HitEvent, MissEvent, MoveEvent, StoreEvent
+from tiercache.scheduler.events import (
+    DeclineEvent,
+    DropEvent,
+    EvictionEvent,
+    HitEvent,
+    MissEvent,
+    MoveEvent,
+    StoreEvent,
+)
 from tiercache.scheduler.moves import JobBook, Mover, RoomPlan, Victim
 from tiercache.scheduler.policies import BlockInfo, EvictionPolicy, LRUPolicy, make_policy
 from tiercache.scheduler.views import ManagerView
@@ -164,8 +172,9 @@ class TierManager(TierManagerBase):
         skipped: list[bytes] = []
         for block_hash in hashes:
             (skipped if block_hash in self._index or block_hash in new else new).append(block_hash)
+        new, declined = self._admitted(new)
         if not new:
-            return PrepareStoreOutput((), (), (), tuple(skipped))
+            return PrepareStoreOutput((), (), (), tuple(skipped), declined)
         n_vram = min(len(new), self._alloc[VRAM].num_free)
         self._apply(self._mover.dram_room(len(new) - n_vram))
         n_dram = min(len(new) - n_vram, self._alloc[DRAM].num_free)
@@ -194,8 +203,31 @@ class TierManager(TierManagerBase):
             raise
         return PrepareStoreOutput(
             tuple(new[:take]), tuple(t for t, _ in placed), tuple(s for _, s in placed), tuple(skipped),
-            tuple(new[take:]),
+            tuple(new[take:]) + declined,
         )  # fmt: skip
+
+    def _admitted(self, new: list[bytes]) -> tuple[list[bytes], tuple[bytes, ...]]:
+        """Admission control: the policy may decline new blocks it predicts would be evicted before their
+        next use, where storing them would evict others (all but `room` of them: the free slots, VRAM's
+        watermark kept), or whose prefix it declined (policy.decline); each is recorded as a DeclineEvent
+        with its reason and score, and not stored. Returns (the blocks to store, the declined ones)."""
+        room = max(self._alloc[VRAM].num_free - self._mover.watermark, 0) + self._alloc[DRAM].num_free
+        tier = DRAM if self._alloc[DRAM].capacity else VRAM  # where blocks leave the cache from
+        try:
+            decisions = self.policy.decline(tier, new, room, self._index.candidates(tier))
+        except Exception:  # a policy bug must not stop the cache: store everything, and say so
+            logger.exception("tiercache: eviction policy %s failed to decide admission", self.policy.name)
+            return new, ()
+        declined: dict[bytes, None] = {}
+        offered = set(new)
+        for d in decisions:
+            if d.block_hash in offered and d.block_hash not in declined:
+                declined[d.block_hash] = None
+                self._emit(
+                    DeclineEvent, d.block_hash, d.reason, tier=tier, policy=d.policy, score=d.score,
+                    components=tuple(d.components), snapshot_age=d.snapshot_age,
+                )  # fmt: skip
+        return [h for h in new if h not in declined], tuple(declined)
 
     def complete_store(self, hashes: Sequence[bytes], ok: bool = True) -> None:
         for block_hash in hashes:

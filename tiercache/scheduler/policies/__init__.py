@@ -1,7 +1,8 @@
 """Eviction policies: the seam (base.py), least recently used (lru.py), the graph advisor's (graph.py).
 
 Provides:
-    EvictionPolicy, VictimDecision, BlockInfo, Candidates    the seam (base.py)
+    EvictionPolicy, VictimDecision, DeclineDecision,
+    BlockInfo, Candidates                                    the seam (base.py)
     LRUPolicy                                                lru.py
     make_policy(eviction_config)    "lru" → LRUPolicy; "graph" → GraphPolicy over tiercache.graph's advisor
                                     (a started thread: close() it), else LRU with one log line
@@ -11,7 +12,13 @@ from __future__ import annotations
 
 import logging
 
-from tiercache.scheduler.policies.base import BlockInfo, Candidates, EvictionPolicy, VictimDecision
+from tiercache.scheduler.policies.base import (
+    BlockInfo,
+    Candidates,
+    DeclineDecision,
+    EvictionPolicy,
+    VictimDecision,
+)
 from tiercache.scheduler.policies.lru import LRUPolicy
 
 logger = logging.getLogger(__name__)
@@ -32,4 +39,12 @@ def make_policy(config=None) -> EvictionPolicy:
         return LRUPolicy()
 
 
-__all__ = ["BlockInfo", "Candidates", "EvictionPolicy", "LRUPolicy", "VictimDecision", "make_policy"]
+__all__ = [
+    "BlockInfo",
+    "Candidates",
+    "DeclineDecision",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "VictimDecision",
+    "make_policy",
+]

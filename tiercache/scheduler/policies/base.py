@@ -2,9 +2,11 @@
 
 Provides:
     VictimDecision                  one proposed victim: block hash, reason, score, score components
+    DeclineDecision                 one block proposed not to be stored (admission control): the same fields
     BlockInfo                       read-only facts of one stored block, for policies
     Candidates                      what a policy may choose from: evictable blocks of one tier
-    EvictionPolicy                  base class: choose_victims(tier, n, candidates), observe(event), close()
+    EvictionPolicy                  base class: choose_victims(tier, n, candidates), decline(tier, hashes,
+                                    room, candidates), observe(event), close()
 
 The seam, for the graph advisor (tiercache.graph):
     class GraphPolicy(EvictionPolicy):
@@ -12,15 +14,19 @@ The seam, for the graph advisor (tiercache.graph):
         def choose_victims(self, tier, n, candidates) -> list[VictimDecision]: ...   # hot path: read a
             # precomputed snapshot; only hashes `in candidates` are taken (others are ignored by the manager)
         def observe(self, event) -> None: ...   # every TierEvent the manager emits, in order (cheap!)
+        def decline(self, tier, hashes, room, candidates) -> list[DeclineDecision]: ...  # admission control:
+            # new blocks (prefix order within a request) not worth storing when all but `room` of them
+            # mean evicting a candidate of `tier` (the tier blocks leave the cache from); default: none
     policies/graph.py is that adapter for tiercache.graph.GraphEvictionAdvisor.
 The manager takes at most n valid decisions; if fewer than n come back it fills the rest LRU-first and says
 so in each filled event's reason ("… fill after graph returned k of n"). A block with a load, store or move
-in flight is never a candidate.
+in flight is never a candidate. A declined block is not stored: the manager records a DeclineEvent with the
+decision's reason and score and returns it among PrepareStoreOutput.not_stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +41,18 @@ class VictimDecision:
     components: tuple[tuple[str, float], ...] = ()
     policy: str = "lru"
     snapshot_age: float | None = None  # seconds; None when the policy keeps no snapshot
+
+
+@dataclass(frozen=True)
+class DeclineDecision:
+    """A new block the policy proposes not to store (predicted to be evicted before its next use)."""
+
+    block_hash: bytes
+    reason: str
+    score: float | None = None
+    components: tuple[tuple[str, float], ...] = ()
+    policy: str = "lru"
+    snapshot_age: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,13 @@ class EvictionPolicy:
 
     def choose_victims(self, tier: str, n: int, candidates: Candidates) -> list[VictimDecision]:
         raise NotImplementedError
+
+    def decline(
+        self, tier: str, hashes: Sequence[bytes], room: int, candidates: Candidates
+    ) -> list[DeclineDecision]:
+        """Admission control: of the new blocks `hashes` about to be stored, those not worth storing; only
+        all but `room` of them would evict a block (from `tier`, among `candidates`). Default: store all."""
+        return []
 
     def observe(self, event: TierEvent) -> None:
         """Called with every event the manager emits; the default ignores them."""

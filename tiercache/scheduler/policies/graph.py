@@ -3,7 +3,10 @@
 Provides:
     GraphPolicy(advisor)              EvictionPolicy: choose_victims asks advisor.choose_victims (snapshot, or
                                       its LRU fallback over the manager's candidates, recorded as such);
-                                      observe() keeps the graph's tiers in step with the manager's events
+                                      decline (admission control) asks advisor.admission for each new block
+                                      beyond the free room, and declines a block whose prefix block was
+                                      declined (useless without it); observe() keeps the graph's tiers in
+                                      step with the manager's events
     make_graph_policy(eviction_config) a KVCacheGraph + started GraphEvictionAdvisor wrapped in GraphPolicy;
                                       close() stops the advisor thread (TierManager.close() calls it)
 
@@ -21,6 +24,7 @@ Event → graph notification:
     MoveEvent "done"                   on_move(hash, tier_from, tier_to)
     EvictionEvent(to None), DropEvent, StoreEvent(not stored)   on_remove(hash) (its reuse class is kept
                                        as a ghost: stored again, the graph learns that it came back)
+    DeclineEvent                       on_decline(hash, parent): a block request, and a ghost
 Hits are left to the connector (graph.on_hit with the request id), since lookups repeat every step.
 """
 
@@ -29,8 +33,16 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 
-from tiercache.scheduler.events import DropEvent, EvictionEvent, HitEvent, MoveEvent, StoreEvent, TierEvent
-from tiercache.scheduler.policies.base import Candidates, EvictionPolicy, VictimDecision
+from tiercache.scheduler.events import (
+    DeclineEvent,
+    DropEvent,
+    EvictionEvent,
+    HitEvent,
+    MoveEvent,
+    StoreEvent,
+    TierEvent,
+)
+from tiercache.scheduler.policies.base import Candidates, DeclineDecision, EvictionPolicy, VictimDecision
 from tiercache.wire import TIERS
 
 
@@ -72,12 +84,45 @@ class GraphPolicy(EvictionPolicy):
             for d in decisions
         ]
 
+    def decline(self, tier: str, hashes, room: int, candidates: Candidates) -> list[DeclineDecision]:
+        """Admission control: a block whose prefix block is declined (now or lately) and not stored; and,
+        beyond the first `room` blocks, one the advisor's admission declines (scored against the snapshot)."""
+        graph, out, stored = self.graph, [], set()
+        frontiers, frontier = self.advisor.frontiers(tier, candidates), None
+        for i, h in enumerate(hashes):
+            parent = self._lineage.get(h, (None, None))[0]
+            why = None
+            if parent is not None and parent not in graph and parent not in stored:
+                why = f"not stored: its prefix block {_short(parent)} is not stored, so no lookup reaches it"
+            elif parent is not None and parent in graph and graph.is_orphan(parent):
+                why = f"not stored: its prefix block {_short(parent)} is unreachable (a hole above it)"
+            if why is not None:
+                out.append(DeclineDecision(h, why, policy=self.name))
+                continue
+            stored.add(h)
+            if i < room:
+                continue
+            if frontier is None:  # the block the next one stored would evict
+                frontier = next(frontiers, None)
+            d = self.advisor.judge(h, parent, tier, frontier)
+            if d is None:
+                frontier = None  # stored: it evicts that one
+                continue
+            comp = _components(d.components)
+            if d.frontier is not None:  # the priority of the block storing it would have evicted
+                comp = (*comp, ("frontier", d.frontier))
+            out.append(DeclineDecision(h, d.reason, d.score, comp, self.name, d.snapshot_age_s))
+            stored.discard(h)
+        return out
+
     def observe(self, event: TierEvent) -> None:
         graph, h = self.graph, event.block_hash
-        if isinstance(event, StoreEvent):
+        if isinstance(event, DeclineEvent):
+            parent, _ = self._lineage.pop(h, (None, None))
+            graph.on_decline(h, parent)
+        elif isinstance(event, StoreEvent):
             parent, request = self._lineage.pop(h, (None, None))
-            if event.stored and h not in graph:
-                parent = parent if parent is not None and parent in graph else None
+            if event.stored and h not in graph:  # under a parent not stored: an orphan (see the graph)
                 graph.on_store(h, parent_hash=parent, request_id=request, tier=event.tier)
             elif not event.stored:
                 graph.on_remove(h)
@@ -103,6 +148,10 @@ def make_graph_policy(eviction_config) -> GraphPolicy:
     )
     advisor.start()
     return GraphPolicy(advisor)
+
+
+def _short(block_hash) -> str:
+    return block_hash.hex()[:16] if isinstance(block_hash, bytes) else repr(block_hash)
 
 
 def _components(components) -> tuple[tuple[str, float], ...]:
