@@ -1,6 +1,6 @@
 """Eviction policies on realistic prefix-cache traces: graph vs LRU vs ARC, plus the advisor's scale figures.
 
-    python benchmarks/policies.py              # hit-rate table (3 trace families × 11 capacities), PNG plot
+    python benchmarks/policies.py              # hit-rate table (6 trace families × 11 capacities), PNG plot
     python benchmarks/policies.py --quick      # smaller traces
     python benchmarks/policies.py --seed 1     # other traces of the same families
     python benchmarks/policies.py --scale      # 250k blocks / ~1M edges: advisor cycle, hot-path read, memory
@@ -11,7 +11,12 @@ Traces (block = 16 tokens; a request is its prompt's blocks in prefix order, has
 - rag: two system prompts, a document pool reused across sessions under Zipf popularity, follow-up
   questions, one-off long prompts mixed in.
 - mixed: chat, rag and more one-off long prompts interleaved.
-Capacity is a fraction of the trace's working set (its number of distinct blocks).
+Loop families, whose loops outgrow the cache (recency evicts each block just before it comes back):
+- turns: 24 users taking turns, each with a long context under one of 4 system prompts (`_Turns`).
+- scan: a 200-document corpus read in order by one RAG session after another (`_Scan`).
+- loopmix: turns, scan, chat and rag interleaved (`make_loop_trace`).
+Capacity is a fraction of the trace's working set (its number of distinct blocks). The offline bound is
+`tiercache.graph.offline_bound` (Belady's farthest-next-use rule with bypass, reading the whole trace).
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ import tracemalloc
 import zlib
 from pathlib import Path
 
-from tiercache.graph import EDGE_TYPES, GraphEvictionAdvisor, KVCacheGraph, ScoreWeights, replay
+from tiercache.graph import (
+    EDGE_TYPES,
+    GraphEvictionAdvisor,
+    KVCacheGraph,
+    ScoreWeights,
+    offline_bound,
+    replay,
+)
 
 FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 POLICIES = ("lru", "arc", "graph")
@@ -133,8 +145,108 @@ class _Rag(_Sessions):
         return chain
 
 
+class _Turns:
+    """Users taking turns: each of `users` users has a long context (a document and its history) under one
+    of `tenants` system prompts; every round serves each user once, in the previous round's order with two
+    neighbours swapped. A turn asks a 1-block question; its 1–2-block answer joins the context."""
+
+    def __init__(self, rng: random.Random, users: int = 24, context: tuple = (64, 160), tag: str = "turns"):
+        self.rng, self.tag, self.turn, self.queue = rng, tag, 0, []
+        systems = []
+        for t in range(4):
+            chain: list = []
+            _extend(chain, f"{tag}/system/{t}", rng.randint(8, 24), "system")
+            systems.append(chain)
+        self.contexts = []
+        for u in range(users):
+            chain = list(systems[u % len(systems)])
+            _extend(chain, f"{tag}/context/{u}", rng.randint(*context), "user")
+            self.contexts.append(chain)
+        self.order = list(range(users))
+        rng.shuffle(self.order)
+
+    def next(self) -> list:
+        if not self.queue:
+            for _ in range(2):
+                i = self.rng.randrange(len(self.order) - 1)
+                self.order[i], self.order[i + 1] = self.order[i + 1], self.order[i]
+            self.queue = list(self.order)
+        user, self.turn = self.queue.pop(0), self.turn + 1
+        chain = self.contexts[user]
+        _extend(chain, f"{self.tag}/{self.turn}/question", 1, "user")
+        request = list(chain)
+        _extend(chain, f"{self.tag}/{self.turn}/answer", self.rng.randint(1, 2), "assistant")
+        return request
+
+
+class _Scan:
+    """A corpus scanned by RAG sessions: `docs` documents under one system prompt, read in corpus order by
+    one session after another (the cursor wraps around: the corpus is a loop), each read asking one of two
+    standard questions (the same text every pass) and 30 % of them a standard follow-up; 10 % of the reads
+    pick a random document instead."""
+
+    def __init__(self, rng: random.Random, docs: int = 200, tag: str = "scan") -> None:
+        self.rng, self.cursor, self.pending = rng, 0, []
+        system: list = []
+        _extend(system, f"{tag}/system", rng.randint(8, 16), "system")
+        self.docs = []
+        for d in range(docs):
+            chain = list(system)
+            _extend(chain, f"{tag}/doc/{d}", rng.randint(8, 32), "tool")
+            self.docs.append(chain)
+
+    def next(self) -> list:
+        if self.pending:
+            return self.pending.pop()
+        if self.rng.random() < 0.1:
+            d = self.rng.randrange(len(self.docs))
+        else:
+            d, self.cursor = self.cursor, (self.cursor + 1) % len(self.docs)
+        request = list(self.docs[d])
+        _extend(request, f"question/{self.rng.randrange(2)}", 1, "user")
+        if self.rng.random() < 0.3:
+            follow = list(request)
+            _extend(follow, "follow-up", 2, "user")
+            self.pending.append(follow)
+        return request
+
+
+LOOP_REQUESTS = {"turns": 576, "scan": 1500, "loopmix": 1800}  # 24 rounds of 24 users; ~5 corpus passes
+
+
+def make_loop_trace(family: str, n_requests: int, seed: int = 0) -> list[list]:
+    """A trace whose loops outgrow the cache: users in turn ("turns"), a corpus scan ("scan"), or both
+    interleaved with chat and RAG sessions ("loopmix": 45 % turns of 24 users, 30 % a 200-document scan,
+    25 % the mixed family's traffic, with 64 chat and 32 RAG sessions at a time)."""
+    rng = random.Random(seed)
+    if family == "turns":
+        return _take(_Turns(rng), n_requests)
+    if family == "scan":
+        return _take(_Scan(rng), n_requests)
+    turns, scan = _Turns(random.Random(seed + 1)), _Scan(random.Random(seed + 2))
+    chat, rag = _Chat(random.Random(seed + 3), concurrent=64), _Rag(random.Random(seed + 4), concurrent=32)
+    trace = []
+    for i in range(n_requests):
+        x = rng.random()
+        if x < 0.45:
+            trace.append(turns.next())
+        elif x < 0.75:
+            trace.append(scan.next())
+        elif x < 0.75 + 0.25 * 0.2:
+            trace.append(_oneoff(rng, chat.system[rng.randrange(len(chat.system))], f"loopmix/{i}"))
+        else:
+            trace.append(chat.next() if rng.random() < 0.6 else rag.next())
+    return trace
+
+
+def _take(source, n: int) -> list[list]:
+    return [source.next() for _ in range(n)]
+
+
 def make_trace(family: str, n_requests: int, seed: int = 0) -> list[list]:
     """A trace of `n_requests` requests, each a list of (hash, source_label) in prefix order."""
+    if family in LOOP_REQUESTS:
+        return make_loop_trace(family, n_requests, seed)
     rng = random.Random(seed)
     chat, rag = _Chat(random.Random(seed + 1)), _Rag(random.Random(seed + 2))
     oneoff_frac = {"chat": 0.1, "rag": 0.05, "mixed": 0.2}[family]
@@ -154,49 +266,14 @@ def working_set(trace: list[list]) -> int:
     return len({h for req in trace for h, _ in req})
 
 
-def belady(trace: list[list], capacity: int) -> float:
-    """Offline bound under the same protocol: evict the block whose next request is farthest (Belady)."""
-    never = len(trace)
-    nexts, last = [None] * len(trace), {}
-    for i in range(len(trace) - 1, -1, -1):
-        blocks = [h for h, _ in trace[i][:capacity]]
-        nexts[i] = [last.get(b, never) for b in blocks]
-        for b in blocks:
-            last[b] = i
-    cached, heap, hit, total = {}, [], 0, 0
-    for i, req in enumerate(trace):
-        blocks = [h for h, _ in req[:capacity]]
-        n = 0
-        while n < len(blocks) and blocks[n] in cached:
-            n += 1
-        hit, total = hit + n, total + len(req)
-        pinned = set(blocks)
-        for j, b in enumerate(blocks):
-            if b not in cached:
-                while len(cached) >= capacity:
-                    skipped = []
-                    while True:
-                        item = heapq.heappop(heap)
-                        if cached.get(item[2]) != -item[0]:
-                            continue
-                        if item[2] in pinned:
-                            skipped.append(item)
-                            continue
-                        break
-                    for it in skipped:
-                        heapq.heappush(heap, it)
-                    del cached[item[2]]
-            cached[b] = nexts[i][j]
-            heapq.heappush(heap, (-nexts[i][j], -j, b))  # ties: the deeper block first
-    return hit / total
-
-
 def run_table(
     families: tuple[str, ...], n_requests: int, weights: ScoreWeights | None, seed: int = 0
 ) -> dict:
     results = {}
     for family in families:
-        trace = make_trace(family, n_requests, seed)
+        n = round(LOOP_REQUESTS[family] * n_requests / 3000) if family in LOOP_REQUESTS else n_requests
+        trace = make_trace(family, n, seed)
+        results[family, "requests"] = n
         ws = working_set(trace)
         results[family, "ws"] = ws
         for frac in FRACTIONS:
@@ -205,7 +282,7 @@ def run_table(
             for policy in POLICIES:
                 r = replay(trace, policy=policy, capacity_blocks=cap, weights=weights)
                 results[family, frac, policy] = r.hit_rate
-            results[family, frac, "opt"] = belady(trace, cap)
+            results[family, frac, "opt"] = offline_bound(trace, cap).hit_rate
             row = " ".join(f"{p}={results[family, frac, p]:.4f}" for p in (*POLICIES, "opt"))
             print(
                 f"{family:6s} {frac:4.2f} cap={cap:6d} {row} ({time.perf_counter() - t0:.1f}s)",
@@ -216,16 +293,20 @@ def run_table(
 
 def print_table(results: dict, families: tuple[str, ...]) -> list[str]:
     lines = [
-        "| trace (working set) | capacity | LRU | ARC | graph | graph vs best of LRU/ARC | offline bound |",
-        "|---|---|---|---|---|---|---|",
+        "| trace (working set, requests) | capacity | LRU | ARC | graph | graph vs best of LRU/ARC |"
+        " offline bound | graph / bound |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for family in families:
         for frac in FRACTIONS:
             lru, arc, graph, opt = (results[family, frac, p] for p in (*POLICIES, "opt"))
             best = max(lru, arc)
             rel = f"{(graph / best - 1) * 100:+.2f} %" if best else "n/a"
-            name = f"{family} ({results[family, 'ws']:,} blocks)"
-            lines.append(f"| {name} | {frac:.0%} | {lru:.4f} | {arc:.4f} | {graph:.4f} | {rel} | {opt:.4f} |")
+            name = f"{family} ({results[family, 'ws']:,} blocks, {results[family, 'requests']:,})"
+            ratio = f"{graph / opt:.3f}" if opt else "n/a"
+            lines.append(
+                f"| {name} | {frac:.0%} | {lru:.4f} | {arc:.4f} | {graph:.4f} | {rel} | {opt:.4f} | {ratio} |"
+            )
     print("\n".join(lines))
     return lines
 
@@ -371,7 +452,7 @@ def run_scale(n_blocks: int) -> dict:
     tracemalloc.start()  # memory: the same graph built again under tracemalloc (timings above without it)
     g = build_scale_graph(n_blocks)
     mem, _ = tracemalloc.get_traced_memory()
-    for i in range(len(g)):  # a full ghost list: one evicted block remembered per cached block
+    for i in range(int(g.reuse.ghost_factor * len(g))):  # a full ghost list: `ghosts` × the blocks cached
         g.reuse.evicted(i.to_bytes(16, "little"), 0, len(g))  # 16-byte hashes, as blake2b digests
     ghost_mem = tracemalloc.get_traced_memory()[0] - mem
     tracemalloc.stop()
@@ -420,18 +501,18 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(
             f"memory per block: {r['bytes_per_block']:.0f} B (tracemalloc, graph + counters + edges);"
-            f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it; a full ghost list adds"
-            f" {r['ghost_bytes_per_block']:.0f} B per cached block"
+            f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it; a full ghost list (`ghosts` ×"
+            f" the blocks cached) adds {r['ghost_bytes_per_block']:.0f} B per cached block"
         )
         return
     n = args.requests or (600 if args.quick else 3000)
     weights = ScoreWeights(**json.loads(args.weights)) if args.weights else None
-    families = ("chat", "rag", "mixed")
+    families = ("chat", "rag", "mixed", *LOOP_REQUESTS)
     results = run_table(families, n, weights, args.seed)
     out = Path(__file__).with_suffix(".png")
     save_png(results, families, out)
     print(
-        f"\n{n} requests per trace (seed {args.seed});"
+        f"\n{n} requests per trace, loop families as listed (seed {args.seed});"
         f" plot (red LRU, green ARC, blue graph, grey offline bound): {out}\n"
     )
     print_table(results, families)
