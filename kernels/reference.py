@@ -1,10 +1,13 @@
-"""Plain-PyTorch references for the three TurboQuant cache kernels; also their CPU fallback.
+"""Plain-PyTorch references for the three TurboQuant cache kernels and the block checksum; also their CPU
+fallback.
 
 Provides:
     encode_store_reference(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec)
     dequantize_blocks_reference(packed, norms, block_ids, codec, out)
     decode_attention_reference(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                                k_codec, v_codec, scale=None, compute_dtype=torch.float32) -> [B, Hq, D]
+    block_checksums_reference(sections) -> [n, 2] int64   (definition and guarantee: checksum.py)
+    piece_bytes(section) -> [L, n, B] uint8                 a [L, n, …] section's (layer, block) pieces
 
 Cache layout of one layer (see kernels/__init__.py):
     packed [num_blocks, block_size, num_kv_heads, packed_dim] uint8
@@ -96,3 +99,36 @@ def _gather_tokens(
     used = blocks[: -(-length // block_size)]
     x = codec.decode(packed[used], norms[used])  # [n, BS, H, D] f32
     return x.reshape(-1, *x.shape[2:])[:length]
+
+
+def piece_bytes(section: torch.Tensor) -> torch.Tensor:
+    """[L, n, …] of any dtype → [L, n, B] uint8: each (layer, block) piece's bytes in memory order (a view
+    where the trailing dimensions are contiguous, else a copy)."""
+    layers, n = section.shape[:2]
+    per = 1
+    for size in section.shape[2:]:
+        per *= size
+    flat = section.reshape(layers, n, per)
+    if flat.shape[2] and flat.stride(2) != 1:
+        flat = flat.contiguous()
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+
+
+def block_checksums_reference(sections) -> torch.Tensor:
+    """(S1, S2) per block, int64 wrapping like the Triton kernel (checksum.py defines them)."""
+    n = sections[0].shape[1]
+    out = torch.zeros(n, 2, dtype=torch.int64, device=sections[0].device)
+    base = 0
+    for section in sections:
+        raw = piece_bytes(section)
+        layers, _, nbytes = raw.shape
+        words = -(-nbytes // 4)
+        if words * 4 != nbytes:
+            raw = torch.nn.functional.pad(raw, (0, words * 4 - nbytes))
+        w = raw.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [L, n, words], zero-extended
+        pos = torch.arange(layers * words, dtype=torch.int64, device=w.device) + base + 1
+        pos = pos.view(layers, 1, words)
+        out[:, 0] += w.sum((0, 2))
+        out[:, 1] += (w * pos).sum((0, 2))
+        base += layers * words
+    return out

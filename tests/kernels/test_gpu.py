@@ -10,6 +10,7 @@ from tiercache.kernels import (
     DecodeLaunchConfig,
     DecodeWorkspace,
     TurboQuantCodec,
+    block_checksums,
     decode_lut,
     tq_decode_attention,
     tq_dequantize_blocks,
@@ -17,7 +18,7 @@ from tiercache.kernels import (
 )
 from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.packing import unpack_indices
-from tiercache.kernels.reference import decode_attention_reference
+from tiercache.kernels.reference import block_checksums_reference, decode_attention_reference
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -254,3 +255,28 @@ def test_decode_gpu_uniform_codebooks(codebooks, head_dim, block_size, group):
         tq_decode_attention(*args, out=out)
         ref = decode_attention_reference(query.double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= tol, dtype
+
+
+@pytest.mark.parametrize("pk,pv", [(64, 64), (128, 64), (256, 256), (30, 40)])
+def test_block_checksums_gpu_equal_reference_and_capture(pk, pv):
+    """Realistic blocks (32 layers, block 16, 8 KV heads): the kernel's sums equal the CPU reference bit for
+    bit, for the word path and the byte path (pk=30), and a captured graph recomputes them on replay."""
+    gen = torch.Generator().manual_seed(pk)
+    shape = (32, 48, 16, 8)
+    sections = [
+        torch.randint(0, 256, (*shape, pk), generator=gen, dtype=torch.uint8),
+        torch.randint(0, 256, (*shape, pv), generator=gen, dtype=torch.uint8),
+        torch.randn(*shape, generator=gen),
+        torch.randn(*shape, generator=gen),
+    ]
+    want = block_checksums_reference(sections)
+    on_gpu = [t.to(DEV) for t in sections]
+    assert torch.equal(block_checksums(on_gpu).cpu(), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = block_checksums(on_gpu)
+    on_gpu[0][3, 7, 0, 0, 0] ^= 1
+    graph.replay()
+    sections[0][3, 7, 0, 0, 0] ^= 1
+    again = block_checksums_reference(sections)
+    assert torch.equal(out.cpu(), again) and not torch.equal(again[7], want[7])

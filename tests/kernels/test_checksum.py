@@ -1,0 +1,158 @@
+"""block_checksums: the Triton kernel (interpreter on CPU) equals the reference bit for bit, the reference
+equals the definition computed with Python integers (wrapping included), and the guarantee holds: every
+single flipped byte — packed bytes or norms, any layer — and every swap of two different words is detected."""
+
+import itertools
+
+import pytest
+import torch
+
+from tiercache.kernels import block_checksums
+from tiercache.kernels.reference import block_checksums_reference
+
+MASK = 2**64 - 1
+# (layers, block_size, kv_heads, k_packed_dim, v_packed_dim): packed dims of every bit width 1–8 at d64 (8·b),
+# raw float32 and bfloat16 d64, K8V4 d128, and odd pieces (not whole words: the kernel's byte path)
+LAYOUTS = [(2, 16, 2, 8 * kb, 8 * vb) for kb, vb in [(4, 4), (8, 4), (2, 3), (3, 2), (4, 8), (1, 5), (6, 7)]]
+LAYOUTS += [(2, 4, 2, 256, 256), (2, 4, 2, 128, 128), (3, 16, 1, 128, 64), (1, 3, 3, 30, 40), (2, 1, 1, 3, 5)]
+
+
+def blocks_of(layout, n: int, seed: int) -> list[torch.Tensor]:
+    """Random [L, n, …] sections like KVBlocks: k_packed, v_packed uint8, k_norms, v_norms float32."""
+    layers, bs, heads, pk, pv = layout
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(0, 256, (layers, n, bs, heads, pk), generator=g, dtype=torch.uint8),
+        torch.randint(0, 256, (layers, n, bs, heads, pv), generator=g, dtype=torch.uint8),
+        torch.randn(layers, n, bs, heads, generator=g) * 3,
+        torch.randn(layers, n, bs, heads, generator=g),
+    ]
+
+
+def definition(sections, block: int) -> tuple[int, int]:
+    """The checksum of one block from checksum.py's definition, with Python integers."""
+    data = b""
+    for section in sections:
+        for layer in range(section.shape[0]):
+            piece = section[layer, block].contiguous().view(torch.uint8).flatten().numpy().tobytes()
+            data += piece + b"\0" * (-len(piece) % 4)
+    words = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+    s1 = sum(words) & MASK
+    s2 = sum((i + 1) * w for i, w in enumerate(words)) & MASK
+    return s1, s2
+
+
+def as_unsigned(sums: torch.Tensor) -> list[tuple[int, int]]:
+    return [(a & MASK, b & MASK) for a, b in sums.tolist()]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_equals_reference_and_definition(layout):
+    sections = blocks_of(layout, 5, seed=sum(layout))
+    got = block_checksums(sections)
+    assert got.dtype == torch.int64 and got.shape == (5, 2)
+    assert torch.equal(got, block_checksums_reference(sections))
+    assert as_unsigned(got) == [definition(sections, b) for b in range(5)]
+
+
+def test_strided_sections_and_dram_like_views():
+    """Sections that are views with gaps between blocks (a DRAM pool's rows) give the same sums as copies."""
+    layout = (2, 16, 2, 32, 24)
+    dense = blocks_of(layout, 4, seed=3)
+    rows = torch.zeros(2, 4, 7000, dtype=torch.uint8)  # [L, n, row]: each piece sits inside a longer row
+    views = []
+    offset = 0
+    for t in dense:
+        raw = t.reshape(2, 4, -1).view(torch.uint8)
+        width = raw.shape[2]
+        rows[:, :, offset : offset + width] = raw
+        view = rows[:, :, offset : offset + width]
+        views.append(view.view(t.dtype).view(t.shape) if t.dtype != torch.uint8 else view.view(t.shape))
+        offset += width + 20  # keeps 4-byte alignment: the word path, with strides
+    want = block_checksums_reference(dense)
+    assert torch.equal(block_checksums(views), want)
+    odd = [dense[0], rows[:, :, 1:37]]  # starts off a word boundary: the byte path
+    assert torch.equal(block_checksums(odd), block_checksums_reference(odd))
+
+
+def test_sums_wrap_like_the_definition():
+    """Words of 0xFFFFFFFF over more than 2^16 positions: S2 exceeds 2^64 and wraps the same everywhere."""
+    section = torch.full((1, 2, 70000 * 4), 255, dtype=torch.uint8)
+    section[0, 1, ::7] = 3
+    got = block_checksums([section])
+    assert torch.equal(got, block_checksums_reference([section]))
+    assert as_unsigned(got) == [definition([section], 0), definition([section], 1)]
+
+
+@pytest.mark.parametrize("layout", [(2, 2, 1, 4, 8), (2, 1, 2, 3, 5)])
+def test_every_single_byte_flip_is_detected(layout):
+    """Each byte of the block (packed bytes and norms, every layer), flipped by one bit, by 0x80 and by 0xFF,
+    in copies of the block batched as n blocks: every copy's checksum differs from the original's."""
+    one = blocks_of(layout, 1, seed=11)
+    sizes = [piece_numel(t) for t in one]
+    flips = [(s, pos, x) for s, size in enumerate(sizes) for pos in range(size) for x in (0x01, 0x80, 0xFF)]
+    copies = [t.expand(t.shape[0], len(flips), *t.shape[2:]).contiguous() for t in one]
+    raw = [c.view(torch.uint8).view(c.shape[0], len(flips), -1) for c in copies]  # [L, n, bytes per layer]
+    for b, (s, pos, x) in enumerate(flips):
+        per_layer = raw[s].shape[2]
+        raw[s][pos // per_layer, b, pos % per_layer] ^= x
+    sums = block_checksums_reference(copies)
+    original = block_checksums_reference(one)
+    assert (sums != original).any(1).all()
+    sample = torch.arange(0, len(flips), 17)  # the kernel on a sample (it equals the reference above)
+    picked = [c.index_select(1, sample) for c in copies]
+    assert torch.equal(block_checksums(picked), sums[sample])
+
+
+def test_every_swap_of_two_different_words_is_detected():
+    """All pairs of words of a small block (within a piece, across layers and sections) swapped."""
+    one = blocks_of((2, 2, 1, 4, 8), 1, seed=5)
+    words = [t.contiguous().view(torch.uint8).view(t.shape[0], -1).view(torch.int32) for t in one]  # [L, w]
+    where = [(s, *at) for s, w in enumerate(words) for at in itertools.product(*map(range, w.shape))]
+    pairs = [(a, b) for a, b in itertools.combinations(where, 2) if words[a[0]][a[1:]] != words[b[0]][b[1:]]]
+    n = len(pairs)
+    copies = [w.unsqueeze(1).expand(w.shape[0], n, w.shape[1]).contiguous() for w in words]
+    for k, (a, b) in enumerate(pairs):
+        x, y = copies[a[0]][a[1], k, a[2]].clone(), copies[b[0]][b[1], k, b[2]].clone()
+        copies[a[0]][a[1], k, a[2]], copies[b[0]][b[1], k, b[2]] = y, x
+    sums = block_checksums_reference(copies)
+    original = block_checksums_reference([w.unsqueeze(1) for w in words])
+    assert n > 150 and (sums != original).any(1).all()
+
+
+def test_random_two_byte_changes_are_detected():
+    one = blocks_of((3, 4, 2, 16, 8), 1, seed=9)
+    flat = torch.cat([t.contiguous().view(torch.uint8).flatten() for t in one])
+    g = torch.Generator().manual_seed(1)
+    n = 2000
+    copies = flat.expand(n, -1).clone()
+    pos = torch.stack([torch.randperm(flat.numel(), generator=g)[:2] for _ in range(n)])
+    delta = torch.randint(1, 256, (n, 2), generator=g, dtype=torch.uint8)
+    rows = torch.arange(n).unsqueeze(1)
+    copies[rows, pos] ^= delta
+    sections, offset = [], 0
+    for t in one:
+        size = t.numel() * t.element_size()
+        part = copies[:, offset : offset + size].reshape(n, t.shape[0], -1).transpose(0, 1)
+        sections.append(part)
+        offset += size
+    original = block_checksums_reference(one)
+    unchanged = [s.index_select(1, torch.tensor([0])).clone() for s in sections]
+    for s, t in zip(unchanged, one, strict=True):  # the byte views are laid out as the sections are
+        s.view(-1).copy_(t.contiguous().view(torch.uint8).view(-1))
+    assert torch.equal(block_checksums_reference(unchanged), original)
+    assert (block_checksums_reference(sections) != original).any(1).all()
+
+
+def test_bad_sections_are_refused():
+    with pytest.raises(ValueError, match="no sections"):
+        block_checksums([])
+    a = torch.zeros(2, 3, 4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"section 1 must be \[L, 3, …\]"):
+        block_checksums([a, torch.zeros(2, 4, 4)])
+    assert block_checksums([a[:, :0]]).shape == (0, 2)
+
+
+def piece_numel(t: torch.Tensor) -> int:
+    """Bytes of one block of a section, all layers."""
+    return t.shape[0] * t[0, 0].numel() * t.element_size()
