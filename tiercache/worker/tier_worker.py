@@ -1,17 +1,25 @@
 """Worker-side executor: runs the scheduler's plan items on one rank's pools. Nothing here decides anything.
 
 Provides:
-    TierWorker(vram, dram, codec_id, max_batch_blocks=None)   (None: 64 MiB of device staging per direction)
+    TierWorker(vram, dram, codec_id, max_batch_blocks=None, checksums=True)   (None: 64 MiB of device
+                                       staging per direction)
     TierWorker.create(layout, vram_blocks, dram_blocks, codec_id, device, pin=None)
     TierWorker.from_config(config, layout, codec_id, device, pin=None)   capacities from tiercache.layout,
                                        as the manager's
         store(items, blocks)           write encoded blocks ([L, n, …] on the device, aligned with the
-                                       StoreItems) where the plan says, and tag their slots
+                                       StoreItems) where the plan says, record their checksums, tag their
+                                       slots
         refusal(item) -> str | None    why a LoadItem cannot be served (refused by the manager, or its slot
                                        does not hold that block); None: load it
         load(items) -> KVBlocks        read the LoadItems' blocks (VRAM gather, DRAM DMA), in item order
-        submit(job)                    start a TransferJob (destination tags: cleared now, set once done)
+        verify(items, blocks) -> list[str | None]   per loaded block, why its bytes cannot be served (they
+                                       changed since they were stored: "checksum mismatch: …", the slot's
+                                       tag cleared); None: serve them
+        submit(job)                    start a TransferJob (destination tags: cleared now, set once done;
+                                       the blocks' checksums go with them)
         poll() / wait() -> list[JobResult]   finished jobs; report each to the scheduler
+        checksums                      the slots' SlotChecksums (integrity.py); None (checksums=False):
+                                       not computed, not checked — only to measure what they cost
 
 codec_id: the codec the rank's blocks are encoded with; every slot's tag carries it (SlotTags). Every rank
 receives the same items and holds its own KV-head shard in the same slots (tensor parallel). A job whose
@@ -26,6 +34,7 @@ import torch
 
 from tiercache.layout import BlockLayout, tier_capacities
 from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, StoreItem, TransferJob
+from tiercache.worker.integrity import SlotChecksums, checksums_of
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
@@ -33,13 +42,20 @@ from tiercache.worker.transfer import TransferEngine
 
 class TierWorker:
     def __init__(
-        self, vram: VramPool, dram: DramPool, codec_id: str, max_batch_blocks: int | None = None
+        self,
+        vram: VramPool,
+        dram: DramPool,
+        codec_id: str,
+        max_batch_blocks: int | None = None,
+        checksums: bool = True,
     ) -> None:
         self.vram = vram
         self.dram = dram
         self.codec_id = codec_id
         self.engine = TransferEngine(vram, dram, max_batch_blocks)
-        self.tags = SlotTags({VRAM: vram.num_blocks, DRAM: dram.num_blocks})
+        capacities = {VRAM: vram.num_blocks, DRAM: dram.num_blocks}
+        self.tags = SlotTags(capacities)
+        self.checksums = SlotChecksums(capacities, vram.device) if checksums else None
         self._jobs: dict[int, TransferJob] = {}  # submitted, not yet finished
 
     @classmethod
@@ -72,14 +88,18 @@ class TierWorker:
 
     # ------------------------------------------------------------------ stores and loads
     def store(self, items: Sequence[StoreItem], blocks: KVBlocks) -> None:
+        sums = checksums_of(blocks) if self.checksums is not None else None  # [n, 2] on the device
         for tier, positions in _by_tier(items).items():
             slots = [items[i].slot for i in positions]
             self.tags.clear(tier, slots)
-            part = blocks if len(positions) == len(items) else _take(blocks, positions)
+            whole = len(positions) == len(items)
+            part = blocks if whole else blocks.select(positions)
             if tier == VRAM:
                 self.vram.write(slots, part)
             else:
                 self.engine.write_dram(slots, part)
+            if sums is not None:
+                self.checksums.record(tier, slots, sums if whole else sums[positions])
             self.tags.set(tier, slots, (items[i].block_hash for i in positions), self.codec_id)
 
     def refusal(self, item: LoadItem) -> str | None:
@@ -106,6 +126,27 @@ class TierWorker:
             )
         )
 
+    def verify(self, items: Sequence[LoadItem], blocks: KVBlocks) -> list[str | None]:
+        """blocks: what load(items) returned. A block whose bytes no longer have the checksum recorded when
+        they were stored gets a reason, and its slot's tag is cleared: nothing reads that slot again until a
+        store or a move rewrites it (the scheduler drops the block on the failed load and frees the slot)."""
+        if self.checksums is None or not items:
+            return [None] * len(items)
+        places = [(item.tier, item.slot) for item in items]
+        reasons: list[str | None] = []
+        for item, wrong in zip(items, self.checksums.mismatches(places, blocks), strict=True):
+            if wrong is None:
+                reasons.append(None)
+                continue
+            self.tags.clear(item.tier, [item.slot])
+            (e1, e2), (g1, g2) = wrong
+            reasons.append(
+                f"checksum mismatch: {item.tier} slot {item.slot} (block {item.block_hash.hex()[:16]}): its "
+                f"bytes changed after they were stored (sums {_hex(e1)}/{_hex(e2)} stored, "
+                f"{_hex(g1)}/{_hex(g2)} read)"
+            )
+        return reasons
+
     # ------------------------------------------------------------------ transfers
     def submit(self, job: TransferJob) -> None:
         self.tags.clear(job.dst_tier, job.dst_slots)
@@ -116,8 +157,10 @@ class TierWorker:
         self._jobs[job.job_id] = job
         if wrong is not None:
             self.engine.fail(job, f"source check failed: {wrong}")
-        else:
-            self.engine.submit(job)
+            return
+        if self.checksums is not None:
+            self.checksums.move(job.src_tier, job.src_slots, job.dst_tier, job.dst_slots)
+        self.engine.submit(job)
 
     def poll(self) -> list[JobResult]:
         return self._finished(self.engine.poll())
@@ -145,6 +188,5 @@ def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
     return groups
 
 
-def _take(blocks: KVBlocks, positions: list[int]) -> KVBlocks:
-    idx = torch.as_tensor(positions, device=blocks.k_packed.device)
-    return KVBlocks(*(getattr(blocks, n).index_select(1, idx) for n in SECTIONS))
+def _hex(value: int) -> str:
+    return f"{value & (2**64 - 1):016x}"

@@ -1,0 +1,88 @@
+"""The connector's worker side refuses a load whose stored bytes changed, before any byte reaches vLLM's
+cache: offload mode (lossless and TurboQuant, VRAM and DRAM slots) and primary mode (byte-copied pages). The
+refusal is a load error for vLLM (it recomputes the block) and a LoadFailure whose reason the scheduler
+counts as checksum_mismatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiercache.config import TierCacheConfig
+from tiercache.connectors.common import Geometry
+from tiercache.connectors.worker import ConnectorWorker
+from tiercache.scheduler.events import cause_of
+from tiercache.wire import DRAM, VRAM, LoadItem, StepPlan, StoreItem
+
+LAYERS, HEADS, HEAD_DIM, BS, NB = 2, 2, 64, 16, 12
+NAMES = tuple(f"model.layers.{i}.self_attn.attn" for i in range(LAYERS))
+SAVED = [(VRAM, 0, 1), (VRAM, 1, 2), (DRAM, 0, 3), (DRAM, 1, 4)]  # (tier, slot, vLLM block saved)
+LOAD_INTO = [7, 8, 9, 10]  # the vLLM blocks the four are loaded back into
+
+
+def worker_for(codec: str, primary: bool) -> tuple[ConnectorWorker, dict[str, torch.Tensor]]:
+    config = TierCacheConfig.from_dict(
+        {"codec": codec, "tiers": {"vram": f"{4 * BS} tokens", "dram": f"{4 * BS} tokens"}}
+    )
+    gen = torch.Generator().manual_seed(0)
+    if primary:
+        geometry = Geometry(NAMES, HEADS, HEAD_DIM, BS, torch.uint8, primary=True)
+        page = geometry.page_format(config.codec).page_bytes
+        caches = {n: torch.randint(0, 256, (NB, page), generator=gen, dtype=torch.uint8) for n in NAMES}
+        backends = dict.fromkeys(NAMES, "CUSTOM")
+    else:
+        geometry = Geometry(NAMES, HEADS, HEAD_DIM, BS, torch.float32)
+        caches = {  # FLASH_ATTN's logical [NB, H, BS, 2·D] over physical [NB, BS, H, 2·D]
+            n: torch.randn(NB, BS, HEADS, 2 * HEAD_DIM, generator=gen).transpose(1, 2) for n in NAMES
+        }
+        backends = dict.fromkeys(NAMES, "FLASH_ATTN")
+    worker = ConnectorWorker(config, geometry)
+    worker.register(caches, backends)
+    return worker, caches
+
+
+def run(worker: ConnectorWorker, plan: StepPlan) -> None:
+    worker.start_step(plan)
+    worker.finish_step(plan)
+
+
+def corrupt(worker: ConnectorWorker, tier: str, slot: int, section: str, layer: int) -> None:
+    pool = worker.tiers.vram if tier == VRAM else worker.tiers.dram
+    piece = getattr(pool, section)[layer, slot]
+    piece = piece if piece.dtype == torch.uint8 else piece.view(torch.uint8)
+    piece.view(-1)[-1] ^= 0x01
+
+
+@pytest.mark.parametrize("codec,primary", [("none", False), ("tq4", False), ("k8v4", False), ("tq4", True)])
+@pytest.mark.parametrize("bad", [(VRAM, 1, "k_norms", 1), (DRAM, 0, "v_packed", 0), (DRAM, 1, "k_packed", 1)])
+def test_a_changed_byte_is_refused_before_it_reaches_vllms_cache(codec, primary, bad):
+    worker, caches = worker_for(codec, primary)
+    hashes = [bytes([i]) * 32 for i in range(len(SAVED))]
+    stores = tuple(StoreItem(h, t, s, b) for h, (t, s, b) in zip(hashes, SAVED, strict=True))
+    run(worker, StepPlan(0, stores=stores))
+    tier, slot, section, layer = bad
+    corrupt(worker, tier, slot, section, layer)
+    before = {n: c.clone() for n, c in caches.items()}
+    loads = tuple(
+        LoadItem(h, t, s, dst) for h, (t, s, _), dst in zip(hashes, SAVED, LOAD_INTO, strict=True)
+    )  # fmt: skip
+    run(worker, StepPlan(1, loads=loads))
+    wrong = next(i for i, (t, s, _) in enumerate(SAVED) if (t, s) == (tier, slot))
+    assert worker.take_load_errors() == {LOAD_INTO[wrong]}
+    report = worker.take_report()
+    step = report.steps[-1]
+    assert step.loads_ok == tuple(i != wrong for i in range(len(SAVED)))
+    (failure,) = step.load_failures
+    assert failure.index == wrong and failure.reason.startswith(f"checksum mismatch: {tier} slot {slot} ")
+    assert cause_of(f"load failed ({failure.reason})") == "checksum_mismatch"  # as the manager words it
+    assert any("checksum mismatch" in e for e in report.errors)  # logged, with its tier
+    for name, cache in caches.items():  # the refused block is untouched, the others were written
+        assert torch.equal(cache[LOAD_INTO[wrong]], before[name][LOAD_INTO[wrong]])
+        for i, dst in enumerate(LOAD_INTO):
+            if i != wrong:
+                assert not torch.equal(cache[dst], before[name][dst])
+    if codec == "none" or primary:  # exact codecs: the intact loads are the saved blocks, byte for byte
+        for cache in caches.values():
+            for i, (_, _, src) in enumerate(SAVED):
+                if i != wrong:
+                    assert torch.equal(cache[LOAD_INTO[i]], cache[src])

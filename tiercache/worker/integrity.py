@@ -1,0 +1,73 @@
+"""Payload checksums of this rank's stored blocks: computed on the device from the bytes a store writes, kept
+per slot next to the pools, moved with a block when it is spilled or warmed, checked on every load.
+
+Provides:
+    checksums_of(blocks) -> [n, 2] int64     the checksums (tiercache.kernels.block_checksums: definition and
+                                             detection guarantee) of KVBlocks, on their device
+    SlotChecksums(capacities, device)        {tier: slots}; one [slots, 2] int64 table per tier on `device`
+        record(tier, slots, sums)            these slots now hold bytes with these checksums
+        move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
+        mismatches(places, blocks) -> list[(expected, got) | None]   recompute the loaded blocks' checksums
+                                             and compare with their slots' (one host synchronisation)
+
+What is checksummed: a whole block (all layers, K and V, packed bytes and norms, in BlockLayout's section
+order), one pair of sums per block. A block is the unit of a load and of a miss, so per-block sums find
+everything per-layer sums would at an n-th of the bookkeeping. The tables live on the device (DRAM slots'
+sums too: 16 bytes a slot), so a store and a move never wait for the device: only a load, which must know
+before decoding whether its bytes are intact, synchronises once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from tiercache.kernels import block_checksums
+from tiercache.kernels.reference import block_checksums_reference
+from tiercache.worker.pools import SECTIONS, KVBlocks
+
+
+def checksums_of(blocks: KVBlocks) -> torch.Tensor:
+    """[n, 2] int64: the Triton kernel on CUDA, the PyTorch reference elsewhere (same bits)."""
+    sections = [getattr(blocks, name) for name in SECTIONS]
+    if sections[0].device.type == "cuda":
+        return block_checksums(sections)
+    return block_checksums_reference(sections)
+
+
+class SlotChecksums:
+    def __init__(self, capacities: Mapping[str, int], device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._sums = {
+            tier: torch.zeros(n, 2, dtype=torch.int64, device=self.device) for tier, n in capacities.items()
+        }  # [slots, 2] int64 per tier: (S1, S2) of the bytes last written to each slot
+
+    def record(self, tier: str, slots: Sequence[int], sums: torch.Tensor) -> None:
+        self._sums[tier].index_copy_(0, self._index(slots), sums.to(self.device))
+
+    def move(self, src_tier: str, src_slots: Sequence[int], dst_tier: str, dst_slots: Sequence[int]) -> None:
+        """On the current stream, before the transfer's own stream copies the bytes: whoever reads the
+        destination's sum reads it after the transfer finished, and so after this copy."""
+        moved = self._sums[src_tier].index_select(0, self._index(src_slots))
+        self._sums[dst_tier].index_copy_(0, self._index(dst_slots), moved)
+
+    def mismatches(
+        self, places: Sequence[tuple[str, int]], blocks: KVBlocks
+    ) -> list[tuple[tuple[int, int], tuple[int, int]] | None]:
+        """places[i] = (tier, slot) block i of `blocks` was read from: None where its bytes have the sums
+        recorded for that slot, else (expected, got)."""
+        expected = torch.empty(len(places), 2, dtype=torch.int64, device=self.device)
+        for tier in {tier for tier, _ in places}:
+            at = [i for i, (t, _) in enumerate(places) if t == tier]
+            slots = self._sums[tier].index_select(0, self._index([places[i][1] for i in at]))
+            expected.index_copy_(0, self._index(at), slots)
+        got = checksums_of(blocks).to(self.device)
+        both = torch.cat([expected, got], 1).tolist()  # the one synchronisation: [n, 4]
+        return [None if row[:2] == row[2:] else ((row[0], row[1]), (row[2], row[3])) for row in both]
+
+    def _index(self, slots: Sequence[int]) -> torch.Tensor:
+        idx = torch.as_tensor(slots, dtype=torch.int64)
+        if self.device.type == "cuda":
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        return idx
