@@ -10,6 +10,9 @@ the slots' tags, read the pool, decode — tq_dequantize_blocks on CUDA — and 
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
+Each codec runs twice, on two workers with the same caches: block checksums on (as served: computed from the
+encoded bytes on save, verified before decoding on load) and off; the last table is what they cost (issue 26
+target: ≤ 5 % of the save and of the load).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def timed(fn, device: torch.device, repeat: int) -> float:
     return statistics.median(times)
 
 
-def bench_codec(codec: str, caches: dict, geometry: Geometry, blocks: int, repeat: int) -> dict[str, float]:
+def bench_codec(
+    codec: str, caches: dict, geometry: Geometry, blocks: int, repeat: int, checksums: bool = True
+) -> dict[str, float]:
     config = TierCacheConfig.from_dict(
         {
             "codec": codec,
@@ -52,6 +57,8 @@ def bench_codec(codec: str, caches: dict, geometry: Geometry, blocks: int, repea
     )
     worker = ConnectorWorker(config, geometry)
     worker.register(caches, dict.fromkeys(caches, "FLASH_ATTN"))
+    if not checksums:
+        worker.tiers.checksums = None  # neither computed on save nor verified on load
     device = worker.k_views[0].device
     hashes = [i.to_bytes(32, "little") for i in range(blocks)]
     src_ids = list(range(blocks))  # vLLM blocks saved …
@@ -125,15 +132,23 @@ def main() -> None:
     copy = bench_copy(caches, blocks, args.repeat)
     for op in ("save", "load"):
         rows.append(("bf16 copy", op, copy[op], copy[op], bf16_bytes))
+    cost = []
     for codec in args.codecs:
         r = bench_codec(codec, caches, geometry, blocks, args.repeat)
+        off = bench_codec(codec, caches, geometry, blocks, args.repeat, checksums=False)
         for op in ("save", "load"):
             rows.append((codec, op, r[op], copy[op], r["pool_bytes"]))
+            rows.append((f"{codec}, checksums off", op, off[op], copy[op], r["pool_bytes"]))
+            cost.append((codec, op, off[op], r[op]))
     print("\n| path | op | blocks/s | GB/s (bf16 KV) | tier bytes | time vs bf16 copy |")
     print("|---|---|---|---|---|---|")
     for path, op, t, t_copy, tier_bytes in rows:
         gbps, mib = bf16_bytes / t / 1e9, tier_bytes / 2**20
         print(f"| {path} | {op} | {blocks / t:,.0f} | {gbps:.2f} | {mib:.1f} MiB | {t / t_copy:.1f}× |")
+    print("\nchecksum cost (issue 26 target: on ≤ off + 5 %)")
+    print("| codec | op | off ms | on ms | cost |\n|---|---|---|---|---|")
+    for codec, op, t_off, t_on in cost:
+        print(f"| {codec} | {op} | {t_off * 1e3:.2f} | {t_on * 1e3:.2f} | {t_on / t_off - 1:+.1%} |")
 
 
 if __name__ == "__main__":
