@@ -6,8 +6,8 @@ Provides:
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
                                              GPU, or host memory), then warm_up()
         warm_up() -> float                   offload mode on a GPU: compile and run once the kernels of a
-                                             store and a load (seconds taken; 0.0 when there is nothing to
-                                             warm or $TIERCACHE_WARM_START is 0)
+                                             store and a load, checksums included (seconds taken; 0.0 when
+                                             there is nothing to warm or $TIERCACHE_WARM_START is 0)
         start_step(plan)                     loads (decode into vLLM's blocks), then submit the jobs
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
@@ -42,6 +42,7 @@ from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
 from tiercache.wire import JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
@@ -133,18 +134,22 @@ class ConnectorWorker:
             )
 
     def warm_up(self) -> float:
-        """Encode vLLM's block 0 and decode it back into block 0, for each of WARM_COUNTS blocks at once,
-        through the serving path's own calls: the first requests then pay no JIT compile. Block 0 is vLLM's
-        null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no request
-        yet when vLLM registers it. Primary mode copies pages with torch ops: nothing to compile."""
-        if self.geometry.primary or self.k_views[0].device.type != "cuda":
+        """Encode vLLM's block 0, checksum it and decode it back into block 0 (primary mode: copy its pages
+        and checksum them), for each of WARM_COUNTS blocks at once, through the serving path's own calls: the
+        first requests then pay no JIT compile. Block 0 is vLLM's null block (its BlockPool reserves it; no
+        request's KV lives there), and the cache holds no request yet when vLLM registers it."""
+        if self.tiers.vram.device.type != "cuda":
             return 0.0
         if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
             return 0.0
         start = time.perf_counter()
         for n in WARM_COUNTS:
             ids = [0] * n
+            if self.geometry.primary:
+                checksums_of(save_pages(self.page_views, ids))
+                continue
             blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
+            checksums_of(blocks)  # what a store records and a load verifies
             decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
         torch.cuda.synchronize()
         return time.perf_counter() - start

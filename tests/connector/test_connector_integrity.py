@@ -20,7 +20,7 @@ SAVED = [(VRAM, 0, 1), (VRAM, 1, 2), (DRAM, 0, 3), (DRAM, 1, 4)]  # (tier, slot,
 LOAD_INTO = [7, 8, 9, 10]  # the vLLM blocks the four are loaded back into
 
 
-def worker_for(codec: str, primary: bool) -> tuple[ConnectorWorker, dict[str, torch.Tensor]]:
+def worker_for(codec: str, primary: bool, device: str) -> tuple[ConnectorWorker, dict[str, torch.Tensor]]:
     config = TierCacheConfig.from_dict(
         {"codec": codec, "tiers": {"vram": f"{4 * BS} tokens", "dram": f"{4 * BS} tokens"}}
     )
@@ -29,11 +29,13 @@ def worker_for(codec: str, primary: bool) -> tuple[ConnectorWorker, dict[str, to
         geometry = Geometry(NAMES, HEADS, HEAD_DIM, BS, torch.uint8, primary=True)
         page = geometry.page_format(config.codec).page_bytes
         caches = {n: torch.randint(0, 256, (NB, page), generator=gen, dtype=torch.uint8) for n in NAMES}
+        caches = {n: c.to(device) for n, c in caches.items()}
         backends = dict.fromkeys(NAMES, "CUSTOM")
     else:
         geometry = Geometry(NAMES, HEADS, HEAD_DIM, BS, torch.float32)
         caches = {  # FLASH_ATTN's logical [NB, H, BS, 2·D] over physical [NB, BS, H, 2·D]
-            n: torch.randn(NB, BS, HEADS, 2 * HEAD_DIM, generator=gen).transpose(1, 2) for n in NAMES
+            n: torch.randn(NB, BS, HEADS, 2 * HEAD_DIM, generator=gen).to(device).transpose(1, 2)
+            for n in NAMES
         }
         backends = dict.fromkeys(NAMES, "FLASH_ATTN")
     worker = ConnectorWorker(config, geometry)
@@ -53,10 +55,12 @@ def corrupt(worker: ConnectorWorker, tier: str, slot: int, section: str, layer: 
     piece.view(-1)[-1] ^= 0x01
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("codec,primary", [("none", False), ("tq4", False), ("k8v4", False), ("tq4", True)])
 @pytest.mark.parametrize("bad", [(VRAM, 1, "k_norms", 1), (DRAM, 0, "v_packed", 0), (DRAM, 1, "k_packed", 1)])
-def test_a_changed_byte_is_refused_before_it_reaches_vllms_cache(codec, primary, bad):
-    worker, caches = worker_for(codec, primary)
+def test_a_changed_byte_is_refused_before_it_reaches_vllms_cache(codec, primary, bad, device):
+    """On CUDA: the Triton encode, checksum and dequantize kernels, pinned DRAM."""
+    worker, caches = worker_for(codec, primary, device)
     hashes = [bytes([i]) * 32 for i in range(len(SAVED))]
     stores = tuple(StoreItem(h, t, s, b) for h, (t, s, b) in zip(hashes, SAVED, strict=True))
     run(worker, StepPlan(0, stores=stores))
