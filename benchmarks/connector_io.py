@@ -10,9 +10,9 @@ the slots' tags, read the pool, decode — tq_dequantize_blocks on CUDA — and 
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
-Each codec runs twice, on two workers with the same caches: block checksums on (as served: computed from the
-encoded bytes on save, verified before decoding on load) and off; the last table is what they cost (issue 26
-target: ≤ 5 % of the save and of the load).
+Each codec runs on two workers with the same caches, alternated --rounds times (medians over the rounds):
+block checksums on (as served: computed from the encoded bytes on save, verified before decoding on load) and
+off; the last table is what they cost (issue 26 target: ≤ 5 % of the save and of the load).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--codecs", nargs="+", default=["tq4", "k8v4"])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of checksums on and off")
     args = parser.parse_args()
     tiny = args.tiny or not torch.cuda.is_available()
     blocks = args.blocks or (64 if tiny else 1024)
@@ -134,8 +135,11 @@ def main() -> None:
         rows.append(("bf16 copy", op, copy[op], copy[op], bf16_bytes))
     cost = []
     for codec in args.codecs:
-        r = bench_codec(codec, caches, geometry, blocks, args.repeat)
-        off = bench_codec(codec, caches, geometry, blocks, args.repeat, checksums=False)
+        runs = [(bench_codec(codec, caches, geometry, blocks, args.repeat),
+                 bench_codec(codec, caches, geometry, blocks, args.repeat, checksums=False))
+                for _ in range(args.rounds)]  # fmt: skip
+        r = {key: statistics.median(on[key] for on, _ in runs) for key in runs[0][0]}
+        off = {key: statistics.median(o[key] for _, o in runs) for key in runs[0][1]}
         for op in ("save", "load"):
             rows.append((codec, op, r[op], copy[op], r["pool_bytes"]))
             rows.append((f"{codec}, checksums off", op, off[op], copy[op], r["pool_bytes"]))
