@@ -4,6 +4,7 @@ tag is cleared, and the other blocks load; a block's checksum follows it through
 
 import pytest
 import torch
+from tier_blocks import random_blocks
 
 from tiercache.layout import BlockLayout
 from tiercache.wire import DRAM, VRAM, LoadItem, StoreItem, TransferJob
@@ -16,17 +17,6 @@ LAYOUTS = [BlockLayout(2, 16, 2, 32, 32), BlockLayout(3, 4, 1, 128, 64), BlockLa
 CODEC = "codec"
 
 
-def blocks(layout: BlockLayout, n: int, seed: int) -> KVBlocks:
-    g = torch.Generator().manual_seed(seed)
-    L, BS, H = layout.num_layers, layout.block_size, layout.num_kv_heads
-    return KVBlocks(
-        torch.randint(0, 256, (L, n, BS, H, layout.k_packed_dim), generator=g, dtype=torch.uint8),
-        torch.randint(0, 256, (L, n, BS, H, layout.v_packed_dim), generator=g, dtype=torch.uint8),
-        torch.randn(L, n, BS, H, generator=g),
-        torch.randn(L, n, BS, H, generator=g),
-    )
-
-
 def name(i: int) -> bytes:
     return i.to_bytes(32, "little")
 
@@ -36,7 +26,7 @@ def stored(layout: BlockLayout, checksums: bool = True) -> tuple[TierWorker, KVB
     worker = TierWorker.create(layout, 8, 8, CODEC, device="cpu", pin=False)
     if not checksums:
         worker.checksums = None
-    data = blocks(layout, 8, seed=layout.num_layers)
+    data = random_blocks(layout, 8, seed=layout.num_layers)
     items = [StoreItem(name(i), VRAM if i < 4 else DRAM, i, i) for i in range(8)]
     worker.store(items, data)
     return worker, data
@@ -118,7 +108,7 @@ def test_gpu_checksums_are_the_references_and_follow_moves(layout):
     reference's sums, the sums follow a spill and a warm issued right after the store without a
     synchronisation, and one changed byte in either tier is caught."""
     worker = TierWorker.create(layout, 16, 16, CODEC, device="cuda")
-    data = blocks(layout, 8, seed=7)
+    data = random_blocks(layout, 8, seed=7)
     items = [StoreItem(name(i), VRAM, i, i) for i in range(8)]
     worker.store(items, data.to("cuda"))
     assert torch.equal(checksums_of(worker.vram.read(range(8))).cpu(), checksums_of(data))  # Triton = torch

@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from tier_blocks import random_blocks
 
 from tiercache.codecs import KVCodecSpec
 from tiercache.errors import PoolAllocationError
@@ -20,17 +21,6 @@ def move(job_id: int, src_tier: str, dst_tier: str, src, dst) -> TransferJob:
     """A job between two tiers (the block hashes only name the pairs: the engine moves bytes)."""
     names = tuple(i.to_bytes(4, "little") for i in range(len(src)))
     return TransferJob(job_id, src_tier, dst_tier, tuple(src), tuple(dst), names)
-
-
-def random_blocks(layout: BlockLayout, n: int, seed: int, device="cpu") -> KVBlocks:
-    g = torch.Generator().manual_seed(seed)
-    L, BS, H = layout.num_layers, layout.block_size, layout.num_kv_heads
-    return KVBlocks(
-        torch.randint(0, 256, (L, n, BS, H, layout.k_packed_dim), generator=g, dtype=torch.uint8),
-        torch.randint(0, 256, (L, n, BS, H, layout.v_packed_dim), generator=g, dtype=torch.uint8),
-        torch.randn(L, n, BS, H, generator=g),
-        torch.randn(L, n, BS, H, generator=g),
-    ).to(device)
 
 
 def test_layout_bytes_and_alignment():
