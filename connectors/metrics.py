@@ -17,8 +17,9 @@ Prometheus names (counters end in _total when exported):
     vllm:tiercache_tokens_loaded / _recomputed  prompt tokens loaded from the tiers / computed by vLLM
     vllm:tiercache_stored_blocks                blocks stored
     vllm:tiercache_transfer_{blocks,bytes,seconds}{direction}   load, store (vLLM's cache ↔ tiers),
-                                                spill, warm (VRAM ↔ DRAM); bytes in the tiers' format,
-                                                summed over ranks; seconds per rank, summed
+                                                spill, warm (VRAM ↔ DRAM); blocks counted once (rank
+                                                0's copies), bytes in the tiers' format summed over ranks,
+                                                seconds per rank, summed
     vllm:tiercache_transfer_gbps{direction}     bytes / seconds since start, per rank (a copy's seconds may
                                                 reach the scheduler a step after its bytes)
     vllm:tiercache_evictions{policy,action}     victims by the policy that chose them; action spill | drop
@@ -47,7 +48,7 @@ METRICS = {
     "tokens_loaded": "Prompt tokens loaded from tiercache's tiers.",
     "tokens_recomputed": "Prompt tokens vLLM computed (in neither vLLM's prefix cache nor tiercache).",
     "stored_blocks": "Blocks stored into tiercache's tiers.",
-    "transfer_blocks": "Blocks copied by tiercache, by direction (load, store, spill, warm).",
+    "transfer_blocks": "Blocks copied by tiercache, by direction (load, store, spill, warm), counted once.",
     "transfer_bytes": "Bytes (tiercache's format) copied, by direction, summed over ranks.",
     "transfer_seconds": "Seconds spent copying, by direction, summed over ranks.",
     "transfer_gbps": "GB/s per rank since start (transfer_bytes / transfer_seconds), by direction.",

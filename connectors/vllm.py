@@ -61,7 +61,7 @@ class TierCacheConnector(KVConnectorBase_V1):
         else:
             from .worker import ConnectorWorker
 
-            self.worker = ConnectorWorker(config, geometry)
+            self.worker = ConnectorWorker(config, geometry, vllm_config.parallel_config.rank)
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches) -> None:

@@ -9,6 +9,8 @@ Provides:
         .blocks_in(bytes, tier) / .bytes_per_token
         from_spec(spec, num_layers, num_kv_heads, head_dim, block_size, dtype_bytes)
     tier_capacities(config, layout) -> {tier: blocks}   per rank, from the config's tier sizes
+    describe_tiers(capacity, layout, ranks) -> str      each tier's blocks, tokens and bytes per rank and
+                                                        over all ranks (for log lines)
     contiguous_runs(slots) -> [(start, length)]         how a slot list splits into runs (a run of DRAM
                                                         slots is one DMA)
 
@@ -107,6 +109,21 @@ def tier_capacities(config, layout: BlockLayout) -> dict[str, int]:
     capacity = {VRAM: blocks(config.tiers.vram, VRAM), DRAM: blocks(config.tiers.dram, DRAM)}
     config.check_blocks(capacity, layout)  # a tier below one block: a ConfigError naming the minimum
     return capacity
+
+
+def describe_tiers(capacity: dict[str, int], layout: BlockLayout, ranks: int = 1) -> str:
+    """'vram 128 blocks (4,096 tokens): 4.06 MiB per rank, 8.12 MiB over 2 ranks; dram …'. Under tensor
+    parallelism every rank holds the same blocks (its KV heads' share of them): tokens are the same on every
+    rank, bytes add up over the ranks."""
+    from tiercache.units import format_bytes
+
+    parts = []
+    for tier, blocks in capacity.items():
+        per_rank = blocks * (layout.dram_stride if tier == DRAM else layout.block_bytes)
+        total = "" if ranks == 1 else f", {format_bytes(per_rank * ranks)} over {ranks} ranks"
+        tokens = blocks * layout.block_size
+        parts.append(f"{tier} {blocks} blocks ({tokens:,} tokens): {format_bytes(per_rank)} per rank{total}")
+    return "; ".join(parts)
 
 
 def _round_up(n: int, to: int) -> int:

@@ -12,7 +12,8 @@ Provides:
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
     IoSample                one rank's timed copy between vLLM's cache and the tiers: direction ("load" |
                             "store"), blocks, bytes, seconds
-    WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors
+    WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, and
+                            the rank (vLLM's global rank: 0 … world_size-1)
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
 
 The scheduler side builds each item once from the manager's decisions; the worker side reads its fields. No
@@ -159,6 +160,7 @@ class WorkerReport:
     jobs: tuple[JobResult, ...] = ()
     errors: tuple[str, ...] = ()
     io: tuple[IoSample, ...] = ()
+    rank: int = 0
 
 
 def encode(value: Any) -> bytes:

@@ -23,7 +23,10 @@ Provides:
 Errors are not caught here: the connector (connectors/vllm.py) catches them where vLLM calls, and calls the
 fallbacks above, which never leave a block in flight. Loads are synchronous (vLLM's sync-load path): a block
 counted as loaded but refused or failed on a worker is reported as a load error and vLLM recomputes it.
-Stores happen in the step where a block becomes full, so nothing is held at request end. A step whose plan
+Stores happen in the step where a block becomes full, so nothing is held at request end. A request that
+computed over a block whose load failed (on any rank) computed wrong KV: its stores of that step, and of
+the steps planned before the failure was reported, are aborted (vLLM recomputes those blocks and they are
+stored then). A step whose plan
 fails aborts the stores it prepared and refuses its queued loads (released: they stay good for later hits);
 a worker report that does not match its step counts that step's items as failed.
 """
@@ -39,10 +42,11 @@ from dataclasses import dataclass, field
 from tiercache.config import TierCacheConfig
 from tiercache.inspect import InspectError, InspectionService, InspectionState
 from tiercache.inspect.request_log import RequestRecord, prompt_digest
+from tiercache.layout import describe_tiers
 from tiercache.scheduler.events import cause_of
 from tiercache.scheduler.manager import TierManager
 from tiercache.scheduler.policies import make_policy
-from tiercache.wire import DRAM, VRAM, LoadItem, StepPlan, StoreItem, WorkerReport, move_kind
+from tiercache.wire import LoadItem, StepPlan, StoreItem, WorkerReport, move_kind
 
 from ..common import Geometry
 from .requests import RequestTracker
@@ -56,8 +60,9 @@ MAX_RECENT_EVENTS = 100_000
 class _StepRecord:
     """A step sent to the workers and not yet reported: what to complete when the reports come."""
 
-    stores: tuple[bytes, ...] = ()
-    loads: tuple[tuple[bytes, bool], ...] = ()  # (block hash, pinned by prepare_load)
+    stores: tuple[tuple[bytes, str], ...] = ()  # (block hash, the request that computed it)
+    loads: tuple[tuple[bytes, bool, int], ...] = ()  # (block hash, pinned by prepare_load, vLLM block id)
+    tainted: set[str] = field(default_factory=set)  # requests that computed over a failed load
 
 
 @dataclass
@@ -101,9 +106,10 @@ class ConnectorScheduler:
             self.inspection_service = None
         tiers = {t.name: t.capacity_blocks for t in self.manager.view().tiers()}
         logger.info(
-            "tiercache: scheduler side: codec %s, %d VRAM + %d DRAM blocks of %d tokens (%d layers, %d KV "
-            "heads/rank, head_dim %d)", config.codec.name, tiers[VRAM], tiers[DRAM], self.block_size,
-            len(geometry.layer_names), geometry.num_kv_heads, geometry.head_dim,
+            "tiercache: scheduler side: codec %s, %d rank(s), tiers (sizes are per rank): %s (blocks of %d "
+            "tokens, %d layers, %d KV heads/rank, head_dim %d)", config.codec.name, world_size,
+            describe_tiers(tiers, layout, world_size), self.block_size, len(geometry.layer_names),
+            geometry.num_kv_heads, geometry.head_dim,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ admission
@@ -183,14 +189,15 @@ class ConnectorScheduler:
             if out is not None:
                 self._building = (step, out.block_hashes)
                 placed = zip(out.block_hashes, out.tiers, out.slots, strict=True)
-                stores = tuple(StoreItem(h, t, s, wanted[h]) for h, t, s in placed)
+                stores = tuple(StoreItem(h, t, s, wanted[h][0]) for h, t, s in placed)
         jobs = tuple(self.manager.take_jobs())  # the last call that can fail
         for job in jobs:
             self._job_kinds[job.job_id] = move_kind(job.src_tier, job.dst_tier)
         loads, self._loads = tuple(self._loads), []
         self._building = None
         self._in_flight[step] = _StepRecord(
-            tuple(s.block_hash for s in stores), tuple((x.block_hash, x.tier is not None) for x in loads)
+            tuple((s.block_hash, wanted[s.block_hash][1]) for s in stores),
+            tuple((x.block_hash, x.tier is not None, x.block_id) for x in loads),
         )
         return StepPlan(step, loads, stores, jobs)
 
@@ -207,7 +214,7 @@ class ConnectorScheduler:
         self._step = max(self._step, step + 1)
         self._building = None
         loads, self._loads = self._loads, []
-        self._in_flight[step] = _StepRecord((), tuple((x.block_hash, False) for x in loads))
+        self._in_flight[step] = _StepRecord((), tuple((x.block_hash, False, x.block_id) for x in loads))
         pinned = [x.block_hash for x in loads if x.tier is not None]
         self._refused = _Refused(
             step, reserved, pinned, f"store aborted: step {step}'s plan failed: {reason}"
@@ -231,13 +238,16 @@ class ConnectorScheduler:
 
     def on_reports(self, reports: Sequence[WorkerReport]) -> None:
         """Every rank's report of one engine step: a store or load is ok only if it is ok on every rank; a
-        job completes once world_size ranks reported it."""
+        job completes once world_size ranks reported it. Copies count their bytes and seconds on every rank
+        and their blocks once (rank 0's), so block counts do not grow with the rank count."""
         steps: dict[int, tuple[list[bool], list[bool], dict[int, str]]] = {}
         for report in reports:
             for reason in report.errors:
                 logger.warning("tiercache: worker: %s", reason)
+            counted = report.rank == 0
             for sample in report.io:
-                self.inspection.record_io(sample.direction, sample.blocks, sample.bytes, sample.seconds)
+                blocks = sample.blocks if counted else 0
+                self.inspection.record_io(sample.direction, blocks, sample.bytes, sample.seconds)
             for result in report.steps:
                 record = self._in_flight.get(result.step)
                 if record is None:
@@ -252,13 +262,14 @@ class ConnectorScheduler:
                     loads = [a and b for a, b in zip(seen_loads, loads, strict=True)]
                     why = {**why, **seen_why}
                 steps[result.step] = (stores, loads, why)
-        for step, (stores_ok, loads_ok, why) in steps.items():
-            self._complete_step(self._in_flight.pop(step), stores_ok, loads_ok, why)
+        for step, (stores_ok, loads_ok, why) in sorted(steps.items()):
+            self._complete_step(step, self._in_flight.pop(step), stores_ok, loads_ok, why)
         for report in reports:
             for job in report.jobs:
                 kind = self._job_kinds.get(job.job_id)
                 if kind is not None and job.ok:
-                    self.inspection.record_io(kind, job.blocks, job.bytes, job.seconds)
+                    blocks = job.blocks if report.rank == 0 else 0
+                    self.inspection.record_io(kind, blocks, job.bytes, job.seconds)
                 seen = self._job_reports.setdefault(job.job_id, [0, True])
                 seen[0] += 1
                 seen[1] = seen[1] and job.ok
@@ -268,20 +279,40 @@ class ConnectorScheduler:
                     self.manager.complete_transfer(job.job_id, seen[1])
 
     def _complete_step(
-        self, record: _StepRecord, stores_ok: list[bool], loads_ok: list[bool], why: dict[int, str]
+        self, step: int, record: _StepRecord, stores_ok: list[bool], loads_ok: list[bool], why: dict[int, str]
     ) -> None:
         """why: load index → the reason a rank gave for refusing it (a failed load without one failed on
         the worker: load_failed)."""
-        for block_hash, ok in zip(record.stores, stores_ok, strict=True):
-            self.manager.complete_store([block_hash], ok)
+        failed = {block_id for (_, _, block_id), ok in zip(record.loads, loads_ok, strict=True) if not ok}
+        if failed:
+            self._taint(step, record, failed)
+        for (block_hash, req_id), ok in zip(record.stores, stores_ok, strict=True):
+            if ok and req_id in record.tainted:
+                reason = f"store aborted: request {req_id} computed it over a block whose load failed"
+                self.manager.abort_store([block_hash], reason)
+                ok = False
+            else:
+                self.manager.complete_store([block_hash], ok)
             self.counters["stored_blocks" if ok else "store_failures"] += 1
-        for i, ((block_hash, pinned), ok) in enumerate(zip(record.loads, loads_ok, strict=True)):
+        for i, ((block_hash, pinned, _), ok) in enumerate(zip(record.loads, loads_ok, strict=True)):
             reason = "" if ok else why.get(i, "the load failed on a worker")
             if pinned:  # refused loads were never pinned: nothing to complete
                 self.manager.complete_load([block_hash], ok, reason)
             self.counters["loaded_blocks" if ok else "load_failures"] += 1
             if not ok:
                 self.inspection.record_failure(cause_of(reason))
+
+    def _taint(self, step: int, record: _StepRecord, failed_block_ids: set[int]) -> None:
+        """The requests whose vLLM blocks include a block that failed to load in `step` attended over it in
+        that step, and in any step planned before now: their stores there are not to be kept."""
+        later = [r for s, r in self._in_flight.items() if s > step]
+        tainted = set()
+        for req_id in {req_id for r in (record, *later) for _, req_id in r.stores}:
+            state = self.requests.get(req_id)
+            if state is not None and failed_block_ids.intersection(state.block_ids):
+                tainted.add(req_id)
+        for r in (record, *later):
+            r.tainted |= tainted
 
     def stats_update(self) -> dict | None:
         return self.stats.take()

@@ -7,7 +7,8 @@ Provides:
         get(request_id) / finish(request_id)
         external_blocks(state, block_ids, num_external_tokens) -> (hashes, block ids)   the blocks vLLM
                                                     counts as loaded from the connector
-        newly_full(scheduler_output) -> {block hash: vLLM block id}   blocks that become full this step
+        newly_full(scheduler_output) -> {block hash: (vLLM block id, request id)}   blocks that become full
+                                                    this step, and the request that computed each
     scheduled(scheduler_output)   (req_id, num_computed before the step, new block ids, resumed) per request
 
 vLLM's Request and SchedulerOutput are read by attribute only (no vLLM import): request_id, num_tokens,
@@ -53,9 +54,10 @@ class RequestTracker:
         hashes = list(state.request.block_hashes[first : first + count])
         return hashes, block_ids[first : first + count]
 
-    def newly_full(self, scheduler_output) -> dict[bytes, int]:
-        """Block hash → vLLM block id of each block that becomes full this step (tracks the block ids)."""
-        wanted: dict[bytes, int] = {}
+    def newly_full(self, scheduler_output) -> dict[bytes, tuple[int, str]]:
+        """Block hash → (vLLM block id, request id) of each block that becomes full this step (tracks the
+        block ids)."""
+        wanted: dict[bytes, tuple[int, str]] = {}
         for req_id, num_computed, new_ids, resumed in scheduled(scheduler_output):
             state = self._requests.get(req_id)
             if state is None:
@@ -68,7 +70,7 @@ class RequestTracker:
             hashes = state.request.block_hashes
             last = min(done // self.block_size, len(hashes), len(state.block_ids))
             for i in range(num_computed // self.block_size, last):
-                wanted.setdefault(hashes[i], state.block_ids[i])
+                wanted.setdefault(hashes[i], (state.block_ids[i], req_id))
         return wanted
 
 

@@ -1,7 +1,7 @@
 """Worker side of the connector: executes each step's plan on this rank's pools and vLLM's cache.
 
 Provides:
-    ConnectorWorker(config, geometry)
+    ConnectorWorker(config, geometry, rank=0)   rank: vLLM's global rank of this worker (in its reports)
         register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
                                              GPU, or host memory), then warm_up()
@@ -75,8 +75,9 @@ class _Step:
 
 
 class ConnectorWorker:
-    def __init__(self, config: TierCacheConfig, geometry: Geometry) -> None:
+    def __init__(self, config: TierCacheConfig, geometry: Geometry, rank: int = 0) -> None:
         self.config = config
+        self.rank = rank
         self.geometry = geometry
         self.layout = geometry.layout(config.codec)
         self.codec_id = geometry.codec_id(config.codec)
@@ -122,8 +123,9 @@ class ConnectorWorker:
         self.timer = IoTimer(device)
         first = next(iter(g.layer_names))
         logger.info(
-            "tiercache: worker side (%s mode): %d layers on %s, cache %s %s (backend %s); pools: %d VRAM + "
-            "%d DRAM blocks", "primary" if g.primary else "offload", len(g.layer_names), device,
+            "tiercache: worker side, rank %d (%s mode): %d layers on %s, cache %s %s (backend %s); this "
+            "rank's pools: %d VRAM + %d DRAM blocks", self.rank, "primary" if g.primary else "offload",
+            len(g.layer_names), device,
             tuple(kv_caches[first].shape), g.dtype, backend_names.get(first), self.tiers.vram.num_blocks,
             self.tiers.dram.num_blocks,
         )  # fmt: skip
@@ -197,7 +199,7 @@ class ConnectorWorker:
         io = tuple(self.timer.take()) if self.timer is not None else ()
         if not (self._steps or self._jobs or self._errors or io):
             return None
-        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors), io)
+        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors), io, self.rank)
         self._steps, self._jobs, self._errors = [], [], []
         return report
 

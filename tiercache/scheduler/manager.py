@@ -240,8 +240,9 @@ class TierManager(TierManagerBase):
         self._apply(self._mover.vram_room(0, self._jobs.leaving(VRAM)))
 
     def abort_store(self, hashes: Sequence[bytes], reason: str) -> None:
-        """Prepared stores that will never be written (the caller failed before a worker got them): their
-        slots are freed and a StoreEvent(stored=False) per block records the reason. All or nothing:
+        """Prepared stores that will never be written (the caller failed before a worker got them), or whose
+        bytes are not to be trusted (computed over a block whose load failed): their slots are freed and a
+        StoreEvent(stored=False) per block records the reason. All or nothing:
         ValueError, and nothing released, if a block has no store in flight."""
         entries = [self._storing(h, "abort_store") for h in dict.fromkeys(hashes)]
         for entry in entries:
