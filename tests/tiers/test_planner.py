@@ -63,8 +63,29 @@ def test_head_dim_key_nested_text_config_and_tp():
     cfg = {"text_config": {"num_hidden_layers": 4, "num_attention_heads": 8, "head_dim": 256}}
     assert model_geometry(cfg) == ModelGeometry(4, 8, 256)
     assert ModelGeometry(32, 8, 128).per_rank(4) == ModelGeometry(32, 2, 128)
+    assert ModelGeometry(32, 2, 128).per_rank(4) == ModelGeometry(32, 1, 128)  # replicated KV heads
     with pytest.raises(ValueError, match="num_hidden_layers"):
         model_geometry({"hidden_size": 4})
+
+
+def test_cli_states_tier_sizes_per_rank_and_over_all_ranks(tmp_path, capsys):
+    """Sizes are per rank: each of the ranks holds its KV heads' share of the same tokens, so a tier's tokens
+    are one rank's and its bytes add up over the ranks (hand-computed: K8V4 at 4 of Llama-3-8B's 8 KV heads
+    is 32·4·(132+68) = 25,600 bytes per token per rank)."""
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text("codec: k8v4\ntiers:\n  vram: 4GiB\n  dram: 100k tokens\n")
+    args = ["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers), "--gpu-memory", "80GiB"]
+    assert main([*args, "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "4 KV heads per rank (tensor parallel 2)" in out and "25,600" in out
+    assert "tiers.vram = 4.00 GiB per rank: 167,772 tokens; over 2 ranks: 8.00 GiB, the same 167,772" in out
+    assert "tiers.dram = 100,000 tokens: 2.38 GiB per rank; over 2 ranks: 4.77 GiB, the same 100,000" in out
+    assert main(args) == 0  # one rank: no totals
+    out = capsys.readouterr().out
+    assert "tiers.vram = 4.00 GiB per rank: 83,886 tokens (with the configured codec)" in out
+    assert "over" not in out
+    assert main([*args, "--tp", "3"]) == 2
+    assert "use a divisor or a multiple of 8" in capsys.readouterr().err
 
 
 def test_configured_custom_codec_is_added():
@@ -89,7 +110,7 @@ def test_cli_token_sized_tiers_and_errors(tmp_path, capsys):
     tiers.write_text("codec: k8v4\ntiers:\n  vram: 100k tokens\n")
     assert main(["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers)]) == 0
     out = capsys.readouterr().out
-    assert "(100,000)" in out and "tiers.vram = 100,000 tokens: 4.77 GiB with the configured codec" in out
+    assert "(100,000)" in out and "tiers.vram = 100,000 tokens: 4.77 GiB per rank (with the configured" in out
     assert main(["plan", "--model", str(tmp_path / "nope")]) == 2
     assert "is not a config.json" in capsys.readouterr().err
 

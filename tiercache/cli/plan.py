@@ -7,12 +7,17 @@ Provides:
     plan_rows(geometry, vram_bytes, dram_bytes, codec=None) -> list[PlanRow]
     memory_warnings(tiers, bytes_per_token, host_bytes, gpu_bytes, ranks=1) -> list[str]
                                       a tier larger than the memory it lives in, with both numbers
+    tier_size_lines(tiers, bytes_per_token, ranks=1) -> list[str]
+                                      each tier per rank and over all ranks, in bytes and tokens
     add_arguments(parser), run(args) -> int                  the CLI subcommand
 
 Bytes per token (per rank, all layers, K and V):
     bf16 / fp8:  layers × kv_heads × head_dim × 2 × (2 or 1)
     TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
 Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
+Tier sizes (tiers.vram, tiers.dram) are per rank. Under tensor parallelism every rank holds its KV heads'
+share of the same tokens: a tier holds as many tokens as one rank's tier does, and its bytes over all ranks
+are the rank's × the rank count.
 The tiers are checked against this machine's memory (or --host-memory / --gpu-memory, to plan for another
 one): a warning with both numbers where the engine would refuse to start, or where the ranks together would
 not fit in host memory.
@@ -37,7 +42,15 @@ class ModelGeometry:
     head_dim: int
 
     def per_rank(self, tensor_parallel: int) -> ModelGeometry:
-        return ModelGeometry(self.num_layers, max(1, self.num_kv_heads // tensor_parallel), self.head_dim)
+        """KV heads split over the ranks, or each replicated on tensor_parallel / num_kv_heads ranks (vLLM
+        requires one to divide the other)."""
+        heads, tp = self.num_kv_heads, tensor_parallel
+        if tp < 1 or (heads % tp and tp % heads):
+            raise ValueError(
+                f"--tensor-parallel {tp}: vLLM splits the model's {heads} KV heads over the ranks, or "
+                f"replicates them: use a divisor or a multiple of {heads}"
+            )
+        return ModelGeometry(self.num_layers, max(1, heads // tp), self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -128,10 +141,39 @@ def memory_warnings(
     return out
 
 
+def tier_size_lines(tiers, bytes_per_token: int, ranks: int = 1) -> list[str]:
+    """'tiers.vram = 4.00 GiB per rank: 123,361 tokens; over 2 ranks: 8.00 GiB, the same 123,361 tokens'
+    ('tiers.vram = 100,000 tokens: 4.77 GiB per rank; …' for a size in tokens), for a TiersConfig (sizes
+    per rank) and one rank's bytes per token with the configured codec."""
+    from tiercache.units import format_bytes
+
+    out = []
+    for name, size in (("vram", tiers.vram), ("dram", tiers.dram)):
+        nbytes = size.to_bytes(bytes_per_token)
+        if nbytes == 0:
+            out.append(f"tiers.{name} = 0: the tier is off")
+            continue
+        tokens = size.tokens if size.tokens is not None else nbytes // bytes_per_token
+        if size.tokens is not None:
+            line = f"tiers.{name} = {size}: {format_bytes(nbytes)} per rank"
+        else:
+            line = f"tiers.{name} = {size} per rank: {tokens:,} tokens"
+        if ranks > 1:
+            line += f"; over {ranks} ranks: {format_bytes(nbytes * ranks)}, the same {tokens:,} tokens"
+        out.append(line + " (with the configured codec)")
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="config.json, a model directory, or JSON text")
     parser.add_argument("--config", help="tiers.yaml (default: $TIERCACHE_CONFIG, else built-in defaults)")
-    parser.add_argument("--tensor-parallel", "--tp", type=int, default=1, help="ranks sharing the KV heads")
+    parser.add_argument(
+        "--tensor-parallel",
+        "--tp",
+        type=int,
+        default=1,
+        help="ranks sharing the KV heads (tier sizes are per rank; totals are printed)",
+    )
     parser.add_argument(
         "--host-memory",
         metavar="SIZE",
@@ -147,7 +189,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tiercache.config import TierCacheConfig, device_memory_bytes, host_memory_bytes
     from tiercache.errors import ConfigError
-    from tiercache.units import format_bytes
 
     try:
         geometry = model_geometry(load_model_config(args.model)).per_rank(args.tensor_parallel)
@@ -166,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         f"(tensor parallel {args.tensor_parallel}), head_dim {geometry.head_dim}"
     )
     print(f"tiers per rank: vram {tiers.vram}, dram {tiers.dram}  ({source}); * = configured codec")
+    if args.tensor_parallel > 1:
+        tp = args.tensor_parallel
+        print(f"bytes are per rank; each of the {tp} ranks holds its KV heads' share of the same tokens")
     bf16 = rows[0].bytes_per_token
     print(f"{'format':<24} {'bytes/token':>12} {'vs bf16':>8} {'tokens in VRAM':>15} {'tokens in DRAM':>15}")
     for row in rows:
@@ -174,9 +218,8 @@ def run(args: argparse.Namespace) -> int:
             f"{bf16 / row.bytes_per_token:>7.2f}x {_tokens(row.tokens_vram, tiers.vram, row):>15} "
             f"{_tokens(row.tokens_dram, tiers.dram, row):>15}"
         )
-    for name, size in (("vram", tiers.vram), ("dram", tiers.dram)):
-        if size.tokens is not None:
-            print(f"tiers.{name} = {size}: {format_bytes(size.tokens * per_token)} with the configured codec")
+    for line in tier_size_lines(tiers, per_token, args.tensor_parallel):
+        print(line)
     for warning in memory_warnings(tiers, per_token, host, gpu, args.tensor_parallel):
         print(f"tiercache plan: warning: {warning}", file=sys.stderr)
     if gpu is None:
