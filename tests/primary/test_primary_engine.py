@@ -102,3 +102,14 @@ def test_the_example_answers_with_smollm2_and_reports_its_cache(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Paris" in run.stdout
     assert "codec k8v4; KV cache: 9360 bytes per token (bf16: 23040)" in run.stdout
+
+
+def test_tensor_parallel_ranks_each_hold_their_heads_pages(tiny_model, primary):
+    """tensor_parallel_size=2: each rank's pages hold its KV head (the tiny Llama has two); the quantization
+    is per token and head, so the greedy tokens are the single-rank reference's."""
+    start, model_dir = primary
+    model_dir.append(tiny_model)
+    with start("tq4", tensor_parallel_size=2) as llm:
+        prompt_ids, got, _ = run(llm, PROMPTS[:3])
+    ref = reference.load(tiny_model, "tq4")
+    assert got == [reference.greedy(ref, ids, MAX_TOKENS) for ids in prompt_ids]
