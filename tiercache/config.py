@@ -5,7 +5,8 @@ Provides:
         .check_memory(bytes_per_token, …)   a tier larger than the machine → ConfigError with both numbers
         .check_blocks(capacity, layout)     a tier that holds no whole block → ConfigError naming the minimum
                                             (called where capacities are computed: layout.tier_capacities)
-    TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off
+    TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off;
+                        remote: RemoteConfig | None (config_remote.py), a store shared by engines
     EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite)
     InspectConfig       socket: a unix socket path, "auto" or "off"; recent_requests (128) and
                         remembered_departures (65536): what explain_request can answer from
@@ -17,6 +18,7 @@ Shape (every key optional; see examples/tiers.yaml):
     codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, k8v4u, none) or {keys: 8, values: 4}
                              # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
+    tiers.remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256}   # optional
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
                                            # left out, it is max(2s, 4 × advisor_interval)
     inspect: {socket: auto, recent_requests: 128, remembered_departures: 65536}
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tiercache.codecs import PRESETS, KVCodecSpec
+from tiercache.config_remote import RemoteConfig, remote_config
 from tiercache.config_values import (
     DEFAULT_CODEC,
     POLICIES,
@@ -62,6 +65,7 @@ MAX_GPU_BYTES = 2**40  # more than any one GPU has: the VRAM bound where this pr
 class TiersConfig:
     vram: Size = field(default_factory=lambda: Size(bytes=4 * 2**30))
     dram: Size = field(default_factory=lambda: Size(bytes=8 * 2**30))
+    remote: RemoteConfig | None = None  # a shared store below DRAM (config_remote.py); None: no remote tier
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class TierCacheConfig:
             tiers=TiersConfig(
                 vram=tier_size("tiers.vram", tiers.get("vram", "4GiB"), source),
                 dram=tier_size("tiers.dram", tiers.get("dram", "8GiB"), source),
+                remote=remote_config(tiers.get("remote"), source),
             ),
             eviction=EvictionConfig(*eviction_values(eviction, source)),
             inspect=InspectConfig(**inspect_values(inspect, source)),
@@ -136,7 +141,11 @@ class TierCacheConfig:
                     codec[f"{side}_codebook"] = book
         return {
             "codec": codec,
-            "tiers": {"vram": _size_str(self.tiers.vram), "dram": _size_str(self.tiers.dram)},
+            "tiers": {
+                "vram": _size_str(self.tiers.vram),
+                "dram": _size_str(self.tiers.dram),
+                **({"remote": self.tiers.remote.to_dict()} if self.tiers.remote else {}),
+            },
             "eviction": {
                 "policy": self.eviction.policy,
                 "advisor_interval": self.eviction.advisor_interval,

@@ -34,7 +34,7 @@ _CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_code
 _BITS_FORMS = 'an integer 1..8, or "none" for lossless'
 KEYS = {
     "": ("codec", "tiers", "eviction", "inspect"),
-    "tiers": ("vram", "dram"),
+    "tiers": ("vram", "dram", "remote"),
     "eviction": ("policy", "advisor_interval", "max_stale"),
     "inspect": ("socket", "recent_requests", "remembered_departures"),
     "codec": _CODEC_KEYS,

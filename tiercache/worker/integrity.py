@@ -6,6 +6,7 @@ Provides:
                                              detection guarantee) of KVBlocks, on their device
     SlotChecksums(capacities, device)        {tier: slots}; one [slots, 2] int64 table per tier on `device`
         record(tier, slots, sums)            these slots now hold bytes with these checksums
+        get(tier, slots) -> [n, 2] int64     the sums recorded for these slots
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
         mismatches(places, blocks) -> list[(expected, got) | None]   recompute the loaded blocks' checksums
                                              and compare with their slots' (one host synchronisation)
@@ -45,6 +46,10 @@ class SlotChecksums:
 
     def record(self, tier: str, slots: Sequence[int], sums: torch.Tensor) -> None:
         self._sums[tier].index_copy_(0, self._index(slots), sums.to(self.device))
+
+    def get(self, tier: str, slots: Sequence[int]) -> torch.Tensor:
+        """[n, 2] int64 on the device: the sums recorded for these slots."""
+        return self._sums[tier].index_select(0, self._index(slots))
 
     def move(self, src_tier: str, src_slots: Sequence[int], dst_tier: str, dst_slots: Sequence[int]) -> None:
         """On the current stream, before the transfer's own stream copies the bytes: whoever reads the

@@ -8,6 +8,7 @@ Provides:
     DramPool(layout, num_blocks, pin=None, chunk_bytes=…)   one block-major host buffer
         .buffer [NB, stride] uint8; 5-D views .k_packed … over it; pinned (cudaHostRegister, in chunks of
         < 512 GiB) when CUDA is present, plain memory otherwise
+    block_views(rows, layout) -> KVBlocks   the sections of [n, stride] block-major rows, as views
     available_host_bytes()
 
 Formats (one rank's KV-head shard; tensor-parallel ranks hold their own shards at the same slots):
@@ -187,12 +188,8 @@ class DramPool(_Pool):
             self.close()
 
     def _make_views(self) -> None:
-        n = self.num_blocks
-        for name, offset, shape, dtype in self.layout.sections():
-            size = _numel(shape) * (4 if dtype == "float32" else 1)
-            raw = self.buffer[:, offset : offset + size]  # [NB, bytes], row stride = self.stride
-            typed = raw.view(_DTYPES[dtype]) if dtype != "uint8" else raw
-            setattr(self, name, typed.view(n, *shape).transpose(0, 1))  # [L, NB, …] like the VRAM tier
+        for name, view in block_views(self.buffer, self.layout).tensors().items():
+            setattr(self, name, view)
 
     def _register(self, asked: int, have: int | None) -> None:
         cudart = torch.cuda.cudart()
@@ -210,6 +207,19 @@ class DramPool(_Pool):
                     f"available; lower tiers.dram or raise the locked-memory limit (ulimit -l)"
                 )
             self._registered.append(base + offset)
+
+
+def block_views(rows: torch.Tensor, layout: BlockLayout) -> KVBlocks:
+    """rows: [n, stride] uint8, block-major (the DRAM format; any row stride ≥ dram_stride). The blocks'
+    sections as views ([L, n, …] like the VRAM tier), no copy."""
+    n = rows.shape[0]
+    parts = []
+    for _, offset, shape, dtype in layout.sections():
+        size = _numel(shape) * (4 if dtype == "float32" else 1)
+        raw = rows[:, offset : offset + size]  # [n, bytes], row stride = rows.stride(0)
+        typed = raw.view(_DTYPES[dtype]) if dtype != "uint8" else raw
+        parts.append(typed.view(n, *shape).transpose(0, 1))
+    return KVBlocks(*parts)
 
 
 def available_host_bytes() -> int | None:

@@ -1,0 +1,143 @@
+"""The remote tier's store path against a real redis-server: byte-exact round trips, misses with reasons for
+corrupted values and codec mismatches, the store stopped and restarted, the bounded write-behind queue."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.remote.helpers import LAYOUT, hashes, namespace, rows, store
+from tiercache.remote.format import HEADER_BYTES, encode_value
+from tiercache.worker.integrity import checksums_of
+from tiercache.worker.pools import block_views
+from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
+
+
+def _values(ns, keys, data):
+    sums = checksums_of(block_views(data, LAYOUT)).tolist()
+    return [encode_value(ns, h, tuple(s), row) for h, s, row in zip(keys, sums, data, strict=True)]
+
+
+def _redis_key(server, block_hash: bytes) -> bytes:
+    reply = server.command(b"KEYS", b"*" + block_hash.hex().encode() + b"*")
+    keys = [line for line in reply.split(b"\r\n") if line and line[:1] not in b"*$"]
+    assert len(keys) == 1, reply
+    return keys[0]
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_put_then_read_back_byte_exact(redis_server, n):
+    ns, keys, data = namespace(), hashes(n, salt=n), rows(n, seed=n)
+    s = store(redis_server.url, ns)
+    try:
+        assert s.put(keys, _values(ns, keys, data)) is None
+        other = hashes(3, salt=100 + n)
+        answer = s.exists([*keys, *other])
+        assert answer.reason is None and answer.found == (True,) * n + (False,) * 3
+        got = read_blocks(s, keys)
+        assert all(isinstance(b, RemoteBlock) for b in got), got
+        assert torch.equal(torch.stack([b.row for b in got]), data)
+        assert [b.checksum for b in got] == [
+            tuple(x) for x in checksums_of(block_views(data, LAYOUT)).tolist()
+        ]
+        assert s.stats()["puts"] == n and s.stats()["lookup_hits"] == n
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("where", ["payload start", "payload end", "header checksum"])
+def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
+    ns, keys, data = namespace(), hashes(2, salt=20), rows(2, seed=20)
+    s = store(redis_server.url, ns)
+    try:
+        assert s.put(keys, _values(ns, keys, data)) is None
+        key = _redis_key(redis_server, keys[0])
+        length = int(redis_server.command(b"STRLEN", key)[1:].strip())
+        extra = length - ns.value_bytes  # LMCache's own prefix before our value, if any
+        offset = {"payload start": HEADER_BYTES, "payload end": ns.value_bytes - 1, "header checksum": 30}[
+            where
+        ]
+        old = redis_server.command(b"GETRANGE", key, b"%d" % (extra + offset), b"%d" % (extra + offset))
+        flipped = bytes([old.split(b"\r\n")[1][0] ^ 0x10])
+        redis_server.command(b"SETRANGE", key, b"%d" % (extra + offset), flipped)
+        bad, good = read_blocks(s, keys)
+        assert isinstance(bad, str) and "checksum mismatch" in bad, bad
+        assert isinstance(good, RemoteBlock) and torch.equal(good.row, data[1])
+    finally:
+        s.close()
+
+
+def test_codec_mismatch_is_a_miss(redis_server):
+    a_ns, b_ns = namespace(codec="K:tq8|V:tq4"), namespace(codec="K:tq4|V:tq4")
+    keys, data = hashes(2, salt=30), rows(2, seed=30)
+    a, b = store(redis_server.url, a_ns), store(redis_server.url, b_ns)
+    try:
+        assert a.put(keys, _values(a_ns, keys, data)) is None
+        assert b.exists(keys).found == (False, False)  # another codec asks for other keys
+        # A value of codec A under codec B's key (a foreign writer, a bug): the header refuses it.
+        src = _redis_key(redis_server, keys[0])
+        dst = src.replace(a_ns.salt.encode(), b_ns.salt.encode())
+        assert redis_server.command(b"COPY", src, dst).startswith(b":1")
+        assert b.exists(keys).found == (True, False)
+        (refused,) = read_blocks(b, keys[:1])
+        assert isinstance(refused, str) and "codec mismatch" in refused, refused
+        assert isinstance(read_blocks(a, keys[:1])[0], RemoteBlock)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_store_stopped_is_a_miss_then_reconnects(redis_server):
+    ns, keys, data = namespace(model="restart"), hashes(3, salt=40), rows(3, seed=40)
+    s = store(redis_server.url, ns, timeout=0.2, reconnect_interval=0.2)
+    writer = RemoteWriter(s, max_blocks=8)
+    try:
+        assert s.put(keys[:1], _values(ns, keys[:1], data[:1])) is None
+        redis_server.stop()
+        answer = s.exists(keys)
+        assert answer.found == (False,) * 3 and answer.reason and "health key" in answer.reason
+        assert not s.up
+        start = time.monotonic()
+        assert s.exists(keys).reason.startswith("remote store down")  # no waiting while down
+        assert time.monotonic() - start < 0.1
+        values, reasons = s.get(keys[:1])
+        assert values == [None] and "down" in reasons[0]
+        sums = checksums_of(block_views(data, ns.layout)).tolist()
+        assert writer.offer(keys[1], data[1], tuple(sums[1]))
+        assert writer.flush(5)
+        assert writer.stats()["write_failures"] == 1 and writer.stats().get("written", 0) == 0
+
+        redis_server.start()  # an empty server: what the store held is gone, writes and lookups resume
+        deadline = time.monotonic() + 10
+        while s.exists(keys).reason is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s.up, s.reason
+        assert writer.offer(keys[2], data[2], tuple(sums[2]))
+        assert writer.flush(5) and writer.stats()["written"] == 1
+        assert s.exists(keys).found == (False, False, True)
+        (block,) = read_blocks(s, keys[2:])
+        assert isinstance(block, RemoteBlock) and torch.equal(block.row, data[2])
+        assert s.stats()["connects"] == 2 and s.stats()["failures"] >= 1
+    finally:
+        writer.close()
+        s.close()
+
+
+def test_full_write_queue_drops_and_counts(redis_server):
+    ns, keys, data = namespace(model="queue"), hashes(10, salt=50), rows(10, seed=50)
+    s = store(redis_server.url, ns)
+    writer = RemoteWriter(s, max_blocks=2, batch_blocks=1)
+    sums = checksums_of(block_views(data, ns.layout)).tolist()
+    try:
+        with s._put_lock:  # the store is busy: the writer thread holds at most one block, the queue two
+            accepted = [writer.offer(h, row, tuple(x)) for h, row, x in zip(keys, data, sums, strict=True)]
+        assert 2 <= sum(accepted) <= 3 and accepted[:2] == [True, True]
+        assert writer.stats()["dropped_full"] == accepted.count(False)
+        assert writer.flush(5)
+        assert writer.stats()["written"] == sum(accepted)
+        assert s.exists(keys).found == tuple(accepted)
+    finally:
+        writer.close()
+        s.close()
