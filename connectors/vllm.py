@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
+from tiercache.errors import ConfigError
+
 from .common import Geometry, load_config
 from .metadata import TierCacheMetadata, TierCacheWorkerMeta
 from .metrics import TierCachePromMetrics, TierCacheStats
@@ -46,6 +48,12 @@ class TierCacheConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         _log_with_vllm()
         config = load_config(vllm_config)
+        if config.tiers.remote is not None:
+            raise ConfigError(
+                "tiers.remote: the remote tier's store, value format and write queue exist, but this version "
+                "of the connector does not look blocks up in it or write them to it yet (issue 22): remove "
+                "tiers.remote from the tiercache config to serve with the VRAM and DRAM tiers"
+            )
         geometry = Geometry.from_vllm(vllm_config, kv_cache_config, config.codec)
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
