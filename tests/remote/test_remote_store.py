@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.remote.helpers import LAYOUT, hashes, namespace, rows, store
+from tests.remote.remote_helpers import LAYOUT, hashes, namespace, rows, store
 from tiercache.remote.format import HEADER_BYTES, encode_value
 from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
