@@ -35,18 +35,14 @@ def rank_env(tensor_parallel_size: int) -> dict[str, str]:
     nodes than ranks (vllm/utils/ompmultiprocessing.py, _get_autobind_cpu_ids: "Not enough allowed NUMA
     nodes"); CI machines have one. So: no binding, one OpenMP thread per rank. The workers must import this
     checkout's tiercache (the venv may hold another, installed editable): its root goes first on PYTHONPATH.
-    The processes are spawned, not forked: a fork of this test process copies the ZMQ contexts and threads of
-    the engines earlier tests ran, and such a child can die before it answers (the client then waits
-    forever). Callables sent to the workers (LLM.collective_rpc) need VLLM_ALLOW_INSECURE_SERIALIZATION, and
-    travel by reference: this folder is on PYTHONPATH so that the workers import the test modules."""
+    Callables sent to the workers (LLM.collective_rpc) need VLLM_ALLOW_INSECURE_SERIALIZATION."""
     import tiercache
 
     root = str(Path(tiercache.__file__).resolve().parents[1])
-    here = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (root, here, os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return {
         "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     }  # fmt: skip
 
 
