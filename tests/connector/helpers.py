@@ -35,7 +35,9 @@ def rank_env(tensor_parallel_size: int) -> dict[str, str]:
     nodes than ranks (vllm/utils/ompmultiprocessing.py, _get_autobind_cpu_ids: "Not enough allowed NUMA
     nodes"); CI machines have one. So: no binding, one OpenMP thread per rank. The workers must import this
     checkout's tiercache (the venv may hold another, installed editable): its root goes first on PYTHONPATH.
-    Callables sent to the workers (LLM.collective_rpc) need VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    Callables sent to the workers (LLM.collective_rpc) need VLLM_ALLOW_INSECURE_SERIALIZATION; they travel by
+    reference, and a worker imports their test module with the test process's sys.path, so no other test
+    folder may hold a module named like one this folder's tests import (`helpers`, `tiny_llama`)."""
     import tiercache
 
     root = str(Path(tiercache.__file__).resolve().parents[1])
