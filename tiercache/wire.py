@@ -1,12 +1,14 @@
 """The wire between the two processes: typed, frozen values, encoded once (msgpack) and decoded once.
 
 Provides:
-    VRAM, DRAM, TIERS       tier names, fastest first (plain strings)
+    VRAM, DRAM, TIERS       local tier names, fastest first (plain strings); REMOTE the shared store's name
     move_kind(src, dst)     "spill" towards a slower tier, "warm" towards a faster one
     LoadItem                read one stored block into a vLLM block (tier None: refused → a load error)
     StoreItem               write one vLLM block into (tier, slot)
     TransferJob             move blocks between tiers: source and destination tier, slots and block hashes
-    StepPlan                scheduler → workers, one per engine step: loads, stores, jobs
+    RemoteItem              one block between a DRAM slot and the remote store (block hash, DRAM slot)
+    StepPlan                scheduler → workers, one per engine step: loads, stores, jobs, and the remote
+                            tier's uploads (DRAM slot → store) and fetches (store → DRAM slot)
     StepResult              one rank's outcome of a step's loads and stores, aligned with its plan, with
                             why each failed load failed (LoadFailure)
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
@@ -34,7 +36,8 @@ import msgpack
 
 VRAM = "vram"
 DRAM = "dram"
-TIERS = (VRAM, DRAM)  # fastest first
+TIERS = (VRAM, DRAM)  # fastest first: the local tiers, with slots
+REMOTE = "remote"  # the store shared by engines below DRAM (RemoteItem; no slots, never a job's tier)
 T = TypeVar("T")
 
 
@@ -103,11 +106,25 @@ class TransferJob:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteItem:
+    """A block between DRAM slot `slot` and the remote store. An upload's slot held the block when the
+    manager dropped it (freed by then: the worker copies its bytes out before anything else of the step);
+    a fetch's slot is reserved for it (the worker writes the fetched bytes there before the step's loads)."""
+
+    block_hash: bytes
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
+    """Worker order: uploads, fetches, loads, jobs (start of the step); stores (end of the step)."""
+
     step: int
     loads: tuple[LoadItem, ...] = ()
     stores: tuple[StoreItem, ...] = ()
     jobs: tuple[TransferJob, ...] = ()
+    uploads: tuple[RemoteItem, ...] = ()  # DRAM → remote store (blocks dropped from DRAM)
+    fetches: tuple[RemoteItem, ...] = ()  # remote store → DRAM (their loads follow in `loads`)
 
 
 @dataclass(frozen=True, slots=True)

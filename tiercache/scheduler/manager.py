@@ -5,6 +5,13 @@ Provides:
     TierManager.from_config(config, layout, codec_id, policy=None)
         the verbs of TierManagerBase (abstract.py), plus
         info(hash) -> BlockInfo | None      spill(n) -> int (the n coldest VRAM blocks to DRAM, now)
+        remote tier (remote_write "all" | "reused" | None):
+        take_uploads() -> list[RemoteItem]  DRAM blocks dropped since the last call that go to the remote
+                                            store ("all": every one; "reused": those loaded at least once;
+                                            never a block that came from the store)
+        prepare_fetch(hashes) -> PrepareLoadOutput | None   reserve DRAM slots for blocks the remote store
+                                            holds, pinned as loads (None: no room, or a block is known here)
+        complete_fetch(hashes, ok, reason)  the fetch and its load are done: ready in DRAM, or released
         stats() -> dict, quick_check(), check(), events_dropped
 
 Room: new blocks go to VRAM while it has free slots, else straight to DRAM. Whenever free VRAM drops below the
@@ -41,7 +48,7 @@ from tiercache.scheduler.events import (
 from tiercache.scheduler.moves import JobBook, Mover, RoomPlan, Victim
 from tiercache.scheduler.policies import BlockInfo, EvictionPolicy, LRUPolicy, make_policy
 from tiercache.scheduler.views import ManagerView
-from tiercache.wire import DRAM, VRAM, TransferJob
+from tiercache.wire import DRAM, VRAM, RemoteItem, TransferJob
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +64,11 @@ class TierManager(TierManagerBase):
         spill_watermark: float = 1 / 16,
         clock: Callable[[], float] = time.monotonic,
         max_events: int = 1_000_000,
+        remote_write: str | None = None,
     ) -> None:
         self.codec_id = codec_id
+        self.remote_write = remote_write
+        self._uploads: list[RemoteItem] = []  # dropped DRAM blocks for the next plan
         self.policy = policy or LRUPolicy(clock)
         self.clock = clock
         self._alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
@@ -77,7 +87,9 @@ class TierManager(TierManagerBase):
         allocate, tiercache.layout.tier_capacities); the policy from config.eviction unless given."""
         config.check_memory(layout.bytes_per_token, check_device=False)
         capacity = tier_capacities(config, layout)
-        return cls(capacity[VRAM], capacity[DRAM], codec_id, policy or make_policy(config.eviction))
+        remote = config.tiers.remote.write if config.tiers.remote is not None else None
+        policy = policy or make_policy(config.eviction)
+        return cls(capacity[VRAM], capacity[DRAM], codec_id, policy, remote_write=remote)
 
     # ----------------------------------------------------------------- lookups and loads
     def lookup(self, hashes: Sequence[bytes], codec_id: str | None = None, record: bool = True) -> int:
@@ -259,6 +271,55 @@ class TierManager(TierManagerBase):
         self._alloc[entry.tier].free([entry.slot])
         self._emit(StoreEvent, entry.block_hash, reason, tier=entry.tier, slot=entry.slot, stored=False)
 
+    # ----------------------------------------------------------------- the remote tier
+    def _goes_up(self, entry: BlockEntry) -> bool:
+        if self.remote_write is None or entry.from_remote:
+            return False
+        return self.remote_write == "all" or entry.hits > 0
+
+    def take_uploads(self) -> list[RemoteItem]:
+        uploads, self._uploads = self._uploads, []
+        return uploads
+
+    def prepare_fetch(self, hashes: Sequence[bytes]) -> PrepareLoadOutput | None:
+        """All or nothing: fresh DRAM slots (room made by DRAM drops) for blocks found in the remote store,
+        each entry pinned by its load (refs 1) and not ready until complete_fetch. None (a MissEvent per
+        block says why): no DRAM room, or a block already has an entry here (stored or in flight)."""
+        known = next((h for h in hashes if h in self._index), None)
+        if known is not None or len(set(hashes)) < len(hashes):
+            return self._fetch_refused(hashes, "a block is already stored here or asked twice")
+        self._apply(self._mover.dram_room(len(hashes)))
+        if self._alloc[DRAM].num_free < len(hashes):
+            return self._fetch_refused(hashes, f"no DRAM room for {len(hashes)} blocks")
+        slots = self._alloc[DRAM].allocate(len(hashes))
+        now = self.clock()
+        for block_hash, slot in zip(hashes, slots, strict=True):
+            entry = BlockEntry(
+                block_hash, self.codec_id, DRAM, slot, now, now, refs=1, hits=1, from_remote=True
+            )
+            self._index.add(entry)
+        return PrepareLoadOutput(tuple(hashes), (DRAM,) * len(hashes), tuple(slots))
+
+    def _fetch_refused(self, hashes: Sequence[bytes], reason: str) -> None:
+        for block_hash in hashes:
+            self._emit(MissEvent, block_hash, f"remote fetch refused: {reason}")
+
+    def complete_fetch(self, hashes: Sequence[bytes], ok: bool = True, reason: str = "") -> None:
+        """ok: fetched and loaded on every rank → ready in DRAM; else released (slot freed, a StoreEvent
+        with stored=False and the reason). ValueError if a block has no fetch in flight."""
+        for block_hash in hashes:
+            entry = self._index.get(block_hash)
+            if entry is None or entry.ready or entry.refs != 1 or not entry.from_remote:
+                raise ValueError(f"complete_fetch: block {block_hash.hex()[:16]} has no fetch in flight")
+            entry.refs = 0
+            if ok:
+                self._index.mark_ready(entry)
+                self._emit(
+                    StoreEvent, block_hash, "fetched from the remote store", tier=DRAM, slot=entry.slot
+                )
+            else:
+                self._release_store(entry, f"remote fetch failed: {reason or 'on a worker'}")
+
     # ----------------------------------------------------------------- transfers
     def take_jobs(self) -> list[TransferJob]:
         return self._jobs.take_new()
@@ -306,6 +367,8 @@ class TierManager(TierManagerBase):
         for victim in plan.drops:
             entry = victim.entry
             self._record_eviction(victim, tier_to=None)
+            if entry.tier == DRAM and self._goes_up(entry):
+                self._uploads.append(RemoteItem(entry.block_hash, entry.slot))
             self._index.remove(entry)
             freed.setdefault(entry.tier, []).append(entry.slot)
         for tier, slots in freed.items():

@@ -15,6 +15,11 @@ Provides:
         verify(items, blocks) -> list[str | None]   per loaded block, why its bytes cannot be served (they
                                        changed since they were stored: "checksum mismatch: …", the slot's
                                        tag cleared); None: serve them
+        dram_rows(items) -> list[(row, checksum) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
+                                       uint8, a view: copy it before the slot is written again) and
+                                       recorded checksum; a str: the slot does not hold that block
+        fill_dram(items, rows, sums)   write fetched rows ([n, dram_stride] uint8) into the items' DRAM
+                                       slots, record their checksums ([n, 2] int64) and tag them
         submit(job)                    start a TransferJob (destination tags: cleared now, set once done;
                                        the blocks' checksums go with them)
         poll() / wait() -> list[JobResult]   finished jobs; report each to the scheduler
@@ -33,9 +38,9 @@ from collections.abc import Sequence
 import torch
 
 from tiercache.layout import BlockLayout, tier_capacities
-from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, StoreItem, TransferJob
+from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, RemoteItem, StoreItem, TransferJob
 from tiercache.worker.integrity import SlotChecksums, checksums_of
-from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool
+from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
 
@@ -146,6 +151,33 @@ class TierWorker:
                 f"{_hex(g1)}/{_hex(g2)} read)"
             )
         return reasons
+
+    # ------------------------------------------------------------------ the remote tier (DRAM rows)
+    def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, tuple[int, int]] | str]:
+        """The uploads' bytes. The checksum is the one recorded when the bytes were stored (computed from
+        the row only when checksums are off): bytes changed since then are refused by the reader."""
+        out: list[tuple[torch.Tensor, tuple[int, int]] | str] = []
+        slots = [item.slot for item in items]
+        rows = self.dram.buffer[slots] if slots else self.dram.buffer[:0]  # [n, dram_stride] uint8 copy
+        if self.checksums is not None:
+            sums = self.checksums.get(DRAM, slots).tolist() if slots else []
+        else:
+            sums = checksums_of(block_views(rows, self.dram.layout)).tolist()
+        for item, row, pair in zip(items, rows, sums, strict=True):
+            wrong = self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id)
+            out.append(f"not uploaded: {wrong}" if wrong else (row, (pair[0], pair[1])))
+        return out
+
+    def fill_dram(self, items: Sequence[RemoteItem], rows: torch.Tensor, sums: torch.Tensor) -> None:
+        """rows: [n, dram_stride] uint8 (fetched, verified by the caller); sums: [n, 2] int64."""
+        slots = [item.slot for item in items]
+        if not slots:
+            return
+        self.tags.clear(DRAM, slots)
+        self.dram.buffer[torch.as_tensor(slots)] = rows
+        if self.checksums is not None:
+            self.checksums.record(DRAM, slots, sums)
+        self.tags.set(DRAM, slots, (item.block_hash for item in items), self.codec_id)
 
     # ------------------------------------------------------------------ transfers
     def submit(self, job: TransferJob) -> None:

@@ -1,0 +1,129 @@
+"""TierManager's remote-tier verbs: which DRAM drops become uploads (write: all | reused | off), and fetches
+(prepare_fetch reserves pinned DRAM slots; complete_fetch makes them ready or releases them)."""
+
+import pytest
+
+from tiercache.scheduler.events import MissEvent, StoreEvent
+from tiercache.scheduler.manager import TierManager
+from tiercache.wire import DRAM, RemoteItem
+
+
+def h(i: int) -> bytes:
+    return i.to_bytes(8, "little")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+def make(vram=2, dram=2, write="all") -> TierManager:
+    return TierManager(vram, dram, "codec-A", clock=Clock(), spill_watermark=0.0, remote_write=write)
+
+
+def store(m: TierManager, ids) -> None:
+    out = m.prepare_store([h(i) for i in ids])
+    m.complete_store(out.block_hashes)
+
+
+def fill_then_overflow(m: TierManager) -> dict[bytes, int]:
+    """Blocks 0, 1 in VRAM, 2, 3 in DRAM; then 4, 5 drop 2 and 3 from DRAM. Returns 2's and 3's slots."""
+    store(m, [0, 1])
+    store(m, [2, 3])
+    slots = {h(i): m.info(h(i)).slot for i in (2, 3)}
+    assert {m.info(h(i)).tier for i in (2, 3)} == {DRAM}
+    store(m, [4, 5])
+    assert m.info(h(2)) is None and m.info(h(3)) is None
+    return slots
+
+
+def test_write_all_uploads_every_block_dropped_from_dram_with_its_slot():
+    m = make()
+    slots = fill_then_overflow(m)
+    assert sorted(m.take_uploads(), key=lambda x: x.block_hash) == [
+        RemoteItem(h, s) for h, s in slots.items()
+    ]
+    assert m.take_uploads() == []  # taken once
+    m.check()
+
+
+def test_write_reused_uploads_only_blocks_that_were_loaded():
+    m = make(vram=1, dram=2, write="reused")
+    store(m, [0])  # VRAM
+    store(m, [1, 2])  # DRAM
+    assert m.prepare_load([h(1)]) is not None  # a hit (no warm: VRAM has no free slot)
+    m.complete_load([h(1)])
+    slot = m.info(h(1)).slot
+    store(m, [3, 4])  # drops 1 and 2 from DRAM
+    assert m.info(h(1)) is None and m.info(h(2)) is None
+    assert m.take_uploads() == [RemoteItem(h(1), slot)]
+
+
+@pytest.mark.parametrize("write", [None, "all"])
+def test_no_uploads_without_a_remote_tier_or_from_vram_drops(write):
+    m = make(dram=0, write=write)  # no DRAM tier: the last-resort VRAM drops never go up
+    store(m, [0, 1])
+    store(m, [2, 3])
+    assert m.info(h(0)) is None and m.take_uploads() == []
+    m = make(write=None)
+    fill_then_overflow(m)
+    assert m.take_uploads() == []
+
+
+def test_fetch_reserves_a_pinned_dram_slot_then_becomes_ready():
+    m = make()
+    out = m.prepare_fetch([h(7), h(8)])
+    assert out.tiers == (DRAM, DRAM) and len(set(out.slots)) == 2
+    assert m.lookup([h(7)], record=False) == 0  # not readable until the fetch completes
+    m.quick_check()
+    m.complete_fetch([h(7), h(8)])
+    assert m.lookup([h(7), h(8)], record=False) == 2
+    assert any(isinstance(e, StoreEvent) and "remote" in e.reason for e in m.take_events())
+    m.check()
+
+
+def test_a_fetched_block_is_not_uploaded_again_when_dropped():
+    m = make(vram=1, dram=2)
+    store(m, [0])
+    m.complete_fetch(m.prepare_fetch([h(7), h(8)]).block_hashes)
+    store(m, [1, 2])  # DRAM full of fetched blocks: both dropped
+    assert m.info(h(7)) is None and m.take_uploads() == []
+
+
+def test_failed_fetch_frees_its_slot_with_the_reason():
+    m = make()
+    m.prepare_fetch([h(7)])
+    m.complete_fetch([h(7)], ok=False, reason="checksum mismatch")
+    assert m.info(h(7)) is None and m.stats()["dram_free"] == 2
+    assert any("checksum mismatch" in e.reason for e in m.take_events() if isinstance(e, StoreEvent))
+    with pytest.raises(ValueError, match="no fetch in flight"):
+        m.complete_fetch([h(7)])
+    m.check()
+
+
+def test_fetch_refused_for_a_known_block_or_without_room():
+    m = make()
+    store(m, [0])
+    assert m.prepare_fetch([h(9), h(0)]) is None  # 0 is stored here
+    m.prepare_fetch([h(7), h(8)])  # DRAM now all pinned by fetches
+    assert m.prepare_fetch([h(9)]) is None
+    misses = [e.reason for e in m.take_events() if isinstance(e, MissEvent)]
+    assert any("already stored" in r for r in misses) and any("no DRAM room" in r for r in misses)
+    assert m.info(h(9)) is None
+    m.check()
+
+
+def test_a_fetch_in_flight_is_never_an_eviction_victim():
+    m = make(vram=1, dram=1)
+    m.prepare_fetch([h(7)])
+    store(m, [0])  # VRAM
+    out = m.prepare_store([h(1)])  # DRAM's only block is pinned: the last resort drops 0 from VRAM
+    assert out.block_hashes == (h(1),) and m.info(h(0)) is None
+    assert m.info(h(7)).tier == DRAM and m.take_uploads() == []
+    m.complete_store(out.block_hashes)
+    m.complete_fetch([h(7)])
+    m.check()
