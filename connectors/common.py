@@ -4,6 +4,7 @@ geometry (so the scheduler's capacities and the worker's pools agree without tal
 Provides:
     load_config(vllm_config) -> TierCacheConfig   kv_connector_extra_config {"config": path, inline keys…}
     primary_requested(vllm_config) -> bool        --attention-backend CUSTOM: tiercache's primary mode
+    remote_model_name(vllm_config) -> str         the model's name in the remote tier's keys
     Geometry.from_vllm(vllm_config, kv_cache_config, codec_spec)   layers, KV heads per rank, head_dim,
         block size, dtype, and whether vLLM's cache is primary mode's TurboQuant pages (then the codec must
         be the pages' codec: a different one is a ConfigError naming both)
@@ -47,6 +48,16 @@ def load_config(vllm_config) -> TierCacheConfig:
             '(e.g. "tiers.yaml"), or leave it out'
         )
     return TierCacheConfig.load(path, extra)
+
+
+def remote_model_name(vllm_config) -> str:
+    """The model's name in the remote tier's keys: vLLM's served model name (the first, when several),
+    else the model as given. Engines that share blocks must serve the same weights under the same name."""
+    model_config = vllm_config.model_config
+    served = getattr(model_config, "served_model_name", None)
+    if isinstance(served, list | tuple):
+        served = served[0] if served else None
+    return str(served or model_config.model)
 
 
 def primary_requested(vllm_config) -> bool:

@@ -27,6 +27,9 @@ Prometheus names (counters end in _total when exported):
                                                 predicted they would be evicted before their next use
     vllm:tiercache_failures{cause}              loads, stores and moves that did not happen, by cause
                                                 (tiercache.scheduler.events.CAUSES)
+    vllm:tiercache_remote_blocks{event}         the remote tier: lookups (blocks asked), found, fetched
+                                                (served), fetch_failures (refused loads), uploads
+                                                (planned writes of blocks dropped from DRAM)
     vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges
 """
 
@@ -55,6 +58,7 @@ METRICS = {
     "evictions": "Blocks evicted, by the policy that chose them and the action (spill, drop).",
     "declined_blocks": "New blocks not stored by the policy's admission control, by policy.",
     "failures": "Loads, stores and moves that did not happen, by cause.",
+    "remote_blocks": "Remote tier blocks by event (lookups, found, fetched, fetch_failures, uploads).",
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
     "capacity_blocks": "Slots of each tier.",
     "occupancy": "used_blocks / capacity_blocks, by tier.",
@@ -69,6 +73,7 @@ _EXTRA_LABELS = {
     "evictions": ["policy", "action"],
     "declined_blocks": ["policy"],
     "failures": ["cause"],
+    "remote_blocks": ["event"],
     "used_blocks": ["tier"],
     "capacity_blocks": ["tier"],
     "occupancy": ["tier"],
@@ -120,6 +125,9 @@ class TierCacheStats(KVConnectorStats):
         out["tiercache_evictions"] = sum(v for k, v in c.items() if k.startswith("evicted_"))
         out["tiercache_declined"] = sum(v for k, v in c.items() if k.startswith("declined_by_"))
         out["tiercache_failures"] = sum(v for k, v in c.items() if k.startswith("failures_"))
+        for event in ("fetched", "fetch_failures", "uploads"):
+            if "remote_" + event in c:
+                out["tiercache_remote_" + event] = c["remote_" + event]
         for t in TIERS:
             capacity = g.get("capacity_blocks_" + t, 0)
             if capacity:
@@ -186,4 +194,6 @@ def _counter_of(key: str) -> tuple[str, tuple[str, ...], float] | None:
         return "declined_blocks", (key[12:],), 1
     if key.startswith("failures_"):
         return "failures", (key[9:],), 1
+    if key.startswith("remote_"):
+        return "remote_blocks", (key[7:],), 1
     return None

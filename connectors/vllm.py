@@ -23,9 +23,7 @@ from typing import Any, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
-from tiercache.errors import ConfigError
-
-from .common import Geometry, load_config
+from .common import Geometry, load_config, remote_model_name
 from .metadata import TierCacheMetadata, TierCacheWorkerMeta
 from .metrics import TierCachePromMetrics, TierCacheStats
 
@@ -48,12 +46,7 @@ class TierCacheConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         _log_with_vllm()
         config = load_config(vllm_config)
-        if config.tiers.remote is not None:
-            raise ConfigError(
-                "tiers.remote: the remote tier's store, value format and write queue exist, but this version "
-                "of the connector does not look blocks up in it or write them to it yet (issue 22): remove "
-                "tiers.remote from the tiercache config to serve with the VRAM and DRAM tiers"
-            )
+        model = remote_model_name(vllm_config)
         geometry = Geometry.from_vllm(vllm_config, kv_cache_config, config.codec)
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
@@ -65,11 +58,12 @@ class TierCacheConnector(KVConnectorBase_V1):
                     "tiercache: kv_load_failure_policy %r → 'recompute'", transfer.kv_load_failure_policy
                 )
                 transfer.kv_load_failure_policy = "recompute"
-            self.scheduler = ConnectorScheduler(config, geometry, vllm_config.parallel_config.world_size)
+            world_size = vllm_config.parallel_config.world_size
+            self.scheduler = ConnectorScheduler(config, geometry, world_size, model)
         else:
             from .worker import ConnectorWorker
 
-            self.worker = ConnectorWorker(config, geometry, vllm_config.parallel_config.rank)
+            self.worker = ConnectorWorker(config, geometry, vllm_config.parallel_config.rank, model)
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches) -> None:

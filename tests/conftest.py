@@ -1,9 +1,12 @@
-"""Shared test setup: Triton kernels run under the interpreter on machines without CUDA."""
+"""Shared test setup: Triton kernels run under the interpreter on machines without CUDA; a real Redis
+(`redis_server`, one per test module that asks for it) for the remote tier's tests."""
 
 import os
 
 import pytest
 import torch
+
+from tests.redis_server import RedisServer, require_remote
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -16,3 +19,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    require_remote()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

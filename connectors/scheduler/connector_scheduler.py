@@ -2,9 +2,12 @@
 into one StepPlan per engine step (DESIGN.md decision 1: the scheduler decides, workers execute).
 
 Provides:
-    ConnectorScheduler(config, geometry, world_size=1)
-        num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events)
+    ConnectorScheduler(config, geometry, world_size=1, model="")   model: the remote tier's namespace
+        num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events), extended
+                                                                  by the blocks the remote store holds next
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
+                                                                  (remote hits: a DRAM slot each, fetched
+                                                                  by the workers before the load)
         refuse_loads(request, block_ids, num_external_tokens)     fallback: queue them refused instead
         build_plan(scheduler_output) -> StepPlan                  loads + stores of newly full blocks + jobs
         observe_step(plan)                                        policy hint: the plan's loads go together
@@ -29,6 +32,13 @@ the steps planned before the failure was reported, are aborted (vLLM recomputes 
 stored then). A step whose plan
 fails aborts the stores it prepared and refuses its queued loads (released: they stay good for later hits);
 a worker report that does not match its step counts that step's items as failed.
+
+The remote tier (tiers.remote): on a local miss, one batched existence call (bounded by tiers.remote.timeout;
+the store down or slow answers "none") finds how many of the prompt's next blocks the store holds (rank 0's
+keys: a block missing on another rank fails its fetch there, and so its load); those count as matched. The
+manager reserves DRAM slots for them; the plan carries the fetches before the loads, and a fetch that fails
+on any rank is a refused load (vLLM recomputes) whose reason the report carries. Blocks the manager drops
+from DRAM go out as the plan's uploads (tiers.remote.write says which).
 """
 
 from __future__ import annotations
@@ -40,13 +50,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tiercache.config import TierCacheConfig
+from tiercache.errors import ConfigError
 from tiercache.inspect import InspectError, InspectionService, InspectionState
 from tiercache.inspect.request_log import RequestRecord, prompt_digest
 from tiercache.layout import describe_tiers
+from tiercache.remote.format import RemoteNamespace
+from tiercache.remote.store import RemoteStore, open_store
 from tiercache.scheduler.events import cause_of
 from tiercache.scheduler.manager import TierManager
 from tiercache.scheduler.policies import make_policy
-from tiercache.wire import LoadItem, StepPlan, StoreItem, WorkerReport, move_kind
+from tiercache.wire import DRAM, REMOTE, LoadItem, RemoteItem, StepPlan, StoreItem, WorkerReport, move_kind
 
 from ..common import Geometry
 from .requests import RequestTracker
@@ -63,6 +76,7 @@ class _StepRecord:
     stores: tuple[tuple[bytes, str], ...] = ()  # (block hash, the request that computed it)
     loads: tuple[tuple[bytes, bool, int], ...] = ()  # (block hash, pinned by prepare_load, vLLM block id)
     tainted: set[str] = field(default_factory=set)  # requests that computed over a failed load
+    fetched: frozenset[bytes] = frozenset()  # loads whose block the workers fetch from the remote store
 
 
 @dataclass
@@ -72,11 +86,14 @@ class _Refused:
     step: int
     stores: tuple[bytes, ...]
     pinned: list[bytes] = field(default_factory=list)
+    fetched: list[bytes] = field(default_factory=list)  # reserved by prepare_fetch
     reason: str = ""
 
 
 class ConnectorScheduler:
-    def __init__(self, config: TierCacheConfig, geometry: Geometry, world_size: int = 1) -> None:
+    def __init__(
+        self, config: TierCacheConfig, geometry: Geometry, world_size: int = 1, model: str = ""
+    ) -> None:
         self.config = config
         self.geometry = geometry
         self.block_size = geometry.block_size
@@ -87,7 +104,9 @@ class ConnectorScheduler:
         self.requests = RequestTracker(self.block_size)
         self.events: deque = deque(maxlen=MAX_RECENT_EVENTS)
         self.counters = {"loaded_blocks": 0, "load_failures": 0, "stored_blocks": 0, "store_failures": 0}
+        self.remote = self._open_remote(config, layout, model)
         self._loads: list[LoadItem] = []  # queued for the next plan
+        self._fetches: list[RemoteItem] = []  # queued for the next plan, before its loads
         self._in_flight: dict[int, _StepRecord] = {}
         self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
         self._step = 0
@@ -112,25 +131,55 @@ class ConnectorScheduler:
             geometry.num_kv_heads, geometry.head_dim,
         )  # fmt: skip
 
+    def _open_remote(self, config: TierCacheConfig, layout, model: str) -> RemoteStore | None:
+        if config.tiers.remote is None:
+            return None
+        if not self.manager.view().tier("dram").capacity_blocks:
+            raise ConfigError(
+                "tiers.remote needs a DRAM tier (remote blocks are fetched into DRAM slots): set tiers.dram "
+                "to a size above 0, or remove tiers.remote"
+            )
+        return open_store(config.tiers.remote, RemoteNamespace(model, self.codec_id, layout, rank=0))
+
     # ------------------------------------------------------------------ admission
     def num_matched_tokens(self, request, num_computed_tokens: int) -> int:
         max_blocks = (request.num_tokens - 1) // self.block_size  # one token is always recomputed
-        hit = self.manager.lookup(request.block_hashes[:max_blocks], record=False)
+        hashes = request.block_hashes[:max_blocks]
+        hit = self.manager.lookup(hashes, record=False)
+        hit = max(hit, num_computed_tokens // self.block_size)
+        hit += self._remote_prefix(hashes[hit:])
         self.requests.admit(request, num_computed_tokens)
         return max(0, hit * self.block_size - num_computed_tokens)
+
+    def _remote_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many of these blocks, from the first, the remote store holds: one batched existence call.
+        Stops before a block the manager knows (in flight or bad here: a fetch of it would be refused)."""
+        if self.remote is None:
+            return 0
+        todo = []
+        for block_hash in hashes:
+            if self.manager.info(block_hash) is not None:
+                break
+            todo.append(block_hash)
+        if not todo:
+            return 0
+        answer = self.remote.exists(todo)
+        n = next((i for i, found in enumerate(answer.found) if not found), len(todo))
+        self.inspection.record_remote(lookups=len(todo), found=n)
+        return n
 
     def after_alloc(self, request, block_ids: list[int], num_external_tokens: int) -> None:
         """Queue the loads first, then the policy hints and statistics: if a hint fails, the fallback
         (refuse_loads) finds the loads already queued and changes nothing."""
         state = self.requests.admit(request)
+        fetched: set[bytes] = set()
         if num_external_tokens > 0:
             hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
-            out = self.manager.prepare_load(hashes)  # raises having pinned nothing
-            if out is None:  # changed since the lookup: the workers report these as load errors → recompute
-                self._loads += [LoadItem(h, None, -1, b) for h, b in zip(hashes, ids, strict=True)]
-            else:
-                placed = zip(out.block_hashes, out.tiers, out.slots, ids, strict=True)
-                self._loads += [LoadItem(h, t, s, b) for h, t, s, b in placed]
+            local = len(hashes) if self.remote is None else self.manager.lookup(hashes, record=False)
+            self._queue_loads(hashes[:local], ids[:local], self.manager.prepare_load)
+            if local < len(hashes):  # the rest were found in the remote store
+                self._queue_loads(hashes[local:], ids[local:], self.manager.prepare_fetch, fetch=True)
+                fetched = {f.block_hash for f in self._fetches}.intersection(hashes[local:])
         self.manager.observe_request(request.request_id, list(request.block_hashes))
         first = state.local_computed // self.block_size
         last = (request.num_tokens - 1) // self.block_size
@@ -138,12 +187,30 @@ class ConnectorScheduler:
         loaded = max(num_external_tokens, 0)
         recomputed = max(request.num_prompt_tokens - state.local_computed - loaded, 0)
         self.inspection.record_tokens(loaded=loaded, recomputed=recomputed)
-        self._remember(request, state.local_computed, loaded, recomputed, last)
+        self._remember(request, state.local_computed, loaded, recomputed, last, fetched)
 
-    def _remember(self, request, vllm_tokens: int, loaded: int, recomputed: int, last: int) -> None:
-        """The admission as inspection's explain_request will tell it: where each block of the prompt was."""
+    def _queue_loads(self, hashes: list[bytes], ids: list[int], prepare, fetch: bool = False) -> None:
+        """prepare: the manager's prepare_load or prepare_fetch (raises having pinned nothing). None: changed
+        since the lookup, or no room: the workers report these as load errors → recompute."""
+        if not hashes:
+            return
+        out = prepare(hashes)
+        if out is None:
+            self._loads += [LoadItem(h, None, -1, b) for h, b in zip(hashes, ids, strict=True)]
+            return
+        placed = list(zip(out.block_hashes, out.tiers, out.slots, ids, strict=True))
+        self._loads += [LoadItem(h, t, s, b) for h, t, s, b in placed]
+        if fetch:
+            self._fetches += [RemoteItem(h, s) for h, t, s, _ in placed if t == DRAM]
+
+    def _remember(
+        self, request, vllm_tokens: int, loaded: int, recomputed: int, last: int, fetched: set[bytes]
+    ) -> None:
+        """The admission as inspection's explain_request will tell it: where each block of the prompt was
+        (fetched: the blocks being fetched from the remote store for it)."""
         hashes = tuple(request.block_hashes[:last])
-        where = self.manager.where(hashes)
+        local = self.manager.where(hashes)
+        where = [(REMOTE, None) if h in fetched else w for h, w in zip(hashes, local, strict=True)]
         gone = self.inspection.departures.get
         self.inspection.record_request(
             RequestRecord(
@@ -194,12 +261,16 @@ class ConnectorScheduler:
         for job in jobs:
             self._job_kinds[job.job_id] = move_kind(job.src_tier, job.dst_tier)
         loads, self._loads = tuple(self._loads), []
+        fetches, self._fetches = tuple(self._fetches), []
+        uploads = tuple(self.manager.take_uploads())
+        self.inspection.record_remote(uploads=len(uploads))
         self._building = None
         self._in_flight[step] = _StepRecord(
             tuple((s.block_hash, wanted[s.block_hash][1]) for s in stores),
             tuple((x.block_hash, x.tier is not None, x.block_id) for x in loads),
+            fetched=frozenset(f.block_hash for f in fetches),
         )
-        return StepPlan(step, loads, stores, jobs)
+        return StepPlan(step, loads, stores, jobs, uploads, fetches)
 
     def observe_step(self, plan: StepPlan) -> None:
         """Blocks loaded together in a step (the graph's co_attend edges); a hint, given after the plan."""
@@ -214,10 +285,11 @@ class ConnectorScheduler:
         self._step = max(self._step, step + 1)
         self._building = None
         loads, self._loads = self._loads, []
+        fetched, self._fetches = {f.block_hash for f in self._fetches}, []
         self._in_flight[step] = _StepRecord((), tuple((x.block_hash, False, x.block_id) for x in loads))
-        pinned = [x.block_hash for x in loads if x.tier is not None]
+        pinned = [x.block_hash for x in loads if x.tier is not None and x.block_hash not in fetched]
         self._refused = _Refused(
-            step, reserved, pinned, f"store aborted: step {step}'s plan failed: {reason}"
+            step, reserved, pinned, list(fetched), f"store aborted: step {step}'s plan failed: {reason}"
         )
         logger.warning(
             "tiercache: step %d stores nothing (%d prepared stores aborted) and refuses its %d loads "
@@ -235,6 +307,8 @@ class ConnectorScheduler:
             self.manager.abort_store(refused.stores, refused.reason[:200])
         if refused.pinned:
             self.manager.complete_load(refused.pinned)
+        if refused.fetched:
+            self.manager.complete_fetch(refused.fetched, False, refused.reason)
 
     def on_reports(self, reports: Sequence[WorkerReport]) -> None:
         """Every rank's report of one engine step: a store or load is ok only if it is ok on every rank; a
@@ -296,7 +370,10 @@ class ConnectorScheduler:
             self.counters["stored_blocks" if ok else "store_failures"] += 1
         for i, ((block_hash, pinned, _), ok) in enumerate(zip(record.loads, loads_ok, strict=True)):
             reason = "" if ok else why.get(i, "the load failed on a worker")
-            if pinned:  # refused loads were never pinned: nothing to complete
+            if pinned and block_hash in record.fetched:
+                self.manager.complete_fetch([block_hash], ok, reason)
+                self.inspection.record_remote(**{"fetched" if ok else "fetch_failures": 1})
+            elif pinned:  # refused loads were never pinned: nothing to complete
                 self.manager.complete_load([block_hash], ok, reason)
             self.counters["loaded_blocks" if ok else "load_failures"] += 1
             if not ok:
@@ -334,6 +411,8 @@ class ConnectorScheduler:
             self.inspection_service.close()
             self.inspection_service = None
         self.manager.close()
+        if self.remote is not None:
+            self.remote.close()
 
 
 def caller_id(request_id: str) -> str | None:

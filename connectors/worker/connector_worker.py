@@ -1,14 +1,17 @@
 """Worker side of the connector: executes each step's plan on this rank's pools and vLLM's cache.
 
 Provides:
-    ConnectorWorker(config, geometry, rank=0)   rank: vLLM's global rank of this worker (in its reports)
+    ConnectorWorker(config, geometry, rank=0, model="")   rank: vLLM's global rank of this worker (in its
+                                             reports); model: the remote tier's namespace
         register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
                                              GPU, or host memory), then warm_up()
         warm_up() -> float                   offload mode on a GPU: compile and run once the kernels of a
                                              store and a load, checksums included (seconds taken; 0.0 when
                                              there is nothing to warm or $TIERCACHE_WARM_START is 0)
-        start_step(plan)                     loads (decode into vLLM's blocks), then submit the jobs
+        start_step(plan)                     remote uploads and fetches (remote_steps.py), loads (decode into
+                                             vLLM's blocks; a failed fetch is a refused load), then submit
+                                             the jobs
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
@@ -41,6 +44,7 @@ import torch
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
+from tiercache.remote.format import RemoteNamespace
 from tiercache.wire import JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
 from tiercache.worker.integrity import checksums_of
 from tiercache.worker.tier_worker import TierWorker
@@ -50,6 +54,7 @@ from .codec_io import decode_blocks, encode_blocks
 from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
 from .page_io import load_pages, save_pages
+from .remote_steps import RemoteSteps
 
 logger = logging.getLogger(__name__)
 WARM_START_ENV = "TIERCACHE_WARM_START"
@@ -67,6 +72,7 @@ class _Step:
     stores_ok: list[bool]
     submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
     load_failures: list[LoadFailure] = field(default_factory=list)
+    unfetched: dict[bytes, str] = field(default_factory=dict)  # remote fetches that failed: why
     ended: bool = False  # its StepResult is recorded
 
     @classmethod
@@ -75,9 +81,11 @@ class _Step:
 
 
 class ConnectorWorker:
-    def __init__(self, config: TierCacheConfig, geometry: Geometry, rank: int = 0) -> None:
+    def __init__(self, config: TierCacheConfig, geometry: Geometry, rank: int = 0, model: str = "") -> None:
         self.config = config
         self.rank = rank
+        self.model = model
+        self.remote: RemoteSteps | None = None
         self.geometry = geometry
         self.layout = geometry.layout(config.codec)
         self.codec_id = geometry.codec_id(config.codec)
@@ -120,6 +128,9 @@ class ConnectorWorker:
                 "$TIERCACHE_CONFIG) and tiercache version"
             )
         self.tiers = TierWorker.from_config(self.config, self.layout, self.codec_id, device)
+        if self.config.tiers.remote is not None:
+            namespace = RemoteNamespace(self.model, self.codec_id, self.layout, self.rank)
+            self.remote = RemoteSteps(self.config.tiers.remote, namespace, self.tiers)
         self.timer = IoTimer(device)
         first = next(iter(g.layer_names))
         logger.info(
@@ -159,11 +170,23 @@ class ConnectorWorker:
     # ------------------------------------------------------------------ per step
     def start_step(self, plan: StepPlan) -> None:
         step = self._step = _Step.of(plan)
+        step.unfetched = self._remote(plan)
         if plan.loads:
             self._load(step)
         for job in plan.jobs:
             self.tiers.submit(job)
             step.submitted.add(job.job_id)
+
+    def _remote(self, plan: StepPlan) -> dict[bytes, str]:
+        """Uploads first (their slots may be reused by this step's fetches and stores), then fetches; the
+        fetched blocks that are not in DRAM now, with why."""
+        if self.remote is None:
+            if plan.fetches or plan.uploads:
+                self._error(f"step {plan.step}: remote items in the plan but no remote tier on this worker")
+            return {f.block_hash: "no remote tier on this worker" for f in plan.fetches}
+        if plan.uploads:
+            self.remote.upload(plan.uploads)
+        return self.remote.fetch(plan.fetches)
 
     def finish_step(self, plan: StepPlan) -> None:
         step = self._current(plan)
@@ -206,6 +229,9 @@ class ConnectorWorker:
     def shutdown(self) -> None:
         if self.tiers is not None and self.tiers.jobs_in_flight:
             self._jobs += self.tiers.wait()
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
     # ------------------------------------------------------------------ loads and stores
     def _current(self, plan: StepPlan) -> _Step:
@@ -229,7 +255,7 @@ class ConnectorWorker:
     def _load(self, step: _Step) -> None:
         todo = []
         for i, item in enumerate(step.plan.loads):
-            reason = self.tiers.refusal(item)
+            reason = step.unfetched.get(item.block_hash) or self.tiers.refusal(item)
             if reason:
                 self._refuse(step, i, reason)
             else:

@@ -116,6 +116,7 @@ def prompt(prefix: int, suffix: int, prefix_blocks: int = 5, suffix_len: int = 2
 
 NAMES = ["exact", "negative", "bad_codec_id", "failed_load", "failed_transfer", "codec", "multiprocess"]
 NAMES += ["scheduler_error", "corrupted", "corrupted_codec"]
+NAMES += ["remote", "remote_corrupt", "remote_down"]
 SHARED = {name: (prompt(i, 0), prompt(i, 1)) for i, name in enumerate(NAMES, start=1)}
 SPILL_FIRST = [prompt(20 + i, 0) for i in range(6)]  # 6 prefixes × 6 blocks ≫ an 8-block VRAM tier
 SPILL_AGAIN = [prompt(20, 1), prompt(21, 1)]

@@ -21,6 +21,7 @@ from tiercache.wire import (
     VRAM,
     JobResult,
     LoadItem,
+    RemoteItem,
     StepPlan,
     StepResult,
     StoreItem,
@@ -36,6 +37,7 @@ def test_step_plans_and_reports_cross_the_process_boundary_as_bytes():
         7, loads=(LoadItem(H, DRAM, 3, 11), LoadItem(H, None, -1, 12)),
         stores=(StoreItem(b"\x02" * 32, VRAM, 0, 5),),
         jobs=(TransferJob(1, VRAM, DRAM, (0, 1), (8, 9), (H, b"\x03" * 32)),),
+        uploads=(RemoteItem(b"\x04" * 32, 2),), fetches=(RemoteItem(H, 3),),
     )  # fmt: skip
     meta = TierCacheMetadata.of(plan)
     sent = pickle.loads(pickle.dumps(meta))  # how vLLM moves it to the worker processes
@@ -180,7 +182,7 @@ def test_prometheus_metrics_carry_each_counter_with_its_labels():
     data = {
         "totals": {"hits_dram": 4, "misses": 2, "tokens_loaded": 128, "io_spill_bytes": 8192,
                    "io_spill_us": 4, "evicted_drop_by_graph": 3, "declined_by_graph": 5,
-                   "failures_no_room": 1},
+                   "failures_no_room": 1, "remote_fetched": 6, "remote_uploads": 2},
         "gauges": {"used_blocks_vram": 3, "capacity_blocks_vram": 4},
     }  # fmt: skip
     # vLLM aggregates an interval's stats: totals only grow, the newest wins
@@ -197,6 +199,8 @@ def test_prometheus_metrics_carry_each_counter_with_its_labels():
     assert value("vllm:tiercache_evictions_total", policy="graph", action="drop") == 3
     assert value("vllm:tiercache_declined_blocks_total", policy="graph") == 5
     assert value("vllm:tiercache_failures_total", cause="no_room") == 1
+    assert value("vllm:tiercache_remote_blocks_total", event="fetched") == 6
+    assert value("vllm:tiercache_remote_blocks_total", event="uploads") == 2
     assert value("vllm:tiercache_occupancy", tier="vram") == 0.75
     exported = {m.name for m in registry.collect()}
     assert {"vllm:tiercache_" + name for name in METRICS} == exported

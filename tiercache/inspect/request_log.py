@@ -30,15 +30,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tiercache.scheduler.events import DeclineEvent, DropEvent, EvictionEvent, StoreEvent, TierEvent
-from tiercache.wire import DRAM, VRAM
+from tiercache.wire import DRAM, REMOTE, VRAM
 
 # RequestRecord.where: one character per block of the prompt that was looked up
 WHERE = {
     "v": VRAM,
     "d": DRAM,
+    "r": REMOTE,
     "-": None,
-}  # stored and readable in that tier; "-": not stored; "x": unreadable
-_CODE = {VRAM: "v", DRAM: "d"}
+}  # stored and readable in that tier (r: in the remote store, fetched); "-": not stored; "x": unreadable
+_CODE = {VRAM: "v", DRAM: "d", REMOTE: "r"}
 
 
 @dataclass(frozen=True, slots=True)

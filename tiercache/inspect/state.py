@@ -184,6 +184,13 @@ class InspectionState:
         c[k_bytes] += nbytes
         c[k_us] += round(seconds * 1e6)
 
+    def record_remote(self, **counts: int) -> None:
+        """The remote tier's block counts (lookups, found, fetched, fetch_failures, uploads) as counters
+        remote_<name>: present only once a remote tier counted something."""
+        for name, n in counts.items():
+            if n:
+                self.counters["remote_" + name] = self.counters.get("remote_" + name, 0) + n
+
     def record_failure(self, cause: str) -> None:
         _add(self.counters, "failures_" + cause)
 

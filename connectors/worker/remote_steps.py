@@ -1,0 +1,90 @@
+"""A step's remote-tier work on one rank: uploads of blocks the manager dropped from DRAM, fetches of blocks
+the scheduler found in the remote store (into the DRAM slots it reserved). Nothing here decides anything.
+
+Provides:
+    RemoteSteps(config, namespace, tiers)   config: tiers.remote (RemoteConfig); namespace: this rank's keys
+        upload(items) -> int                queue each RemoteItem's DRAM bytes (copied now: the slot may be
+                                            reused later in the step) on the bounded write-behind queue;
+                                            returns how many were queued (a full queue drops and counts)
+        fetch(items) -> dict[bytes, str]    fetch, verify (header: codec id, block hash, size; checksum) and
+                                            write into DRAM the blocks; the blocks that were not, with why
+        stats() -> dict                     the writer's and the store's counters
+        close(timeout)                      wait for queued writes (at most timeout), then stop
+
+Order within a step (the worker keeps it): uploads, then fetches, then loads. A fetch asks the store which
+blocks it holds first: LMCache's RESP adapter never completes a GET of a missing key (it would time out and
+mark the store down).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from tiercache.config_remote import RemoteConfig
+from tiercache.remote.format import RemoteNamespace
+from tiercache.remote.store import open_store
+from tiercache.wire import RemoteItem
+from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
+from tiercache.worker.tier_worker import TierWorker
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteSteps:
+    def __init__(self, config: RemoteConfig, namespace: RemoteNamespace, tiers: TierWorker) -> None:
+        self.tiers = tiers
+        self.store = open_store(config, namespace)
+        self.writer = RemoteWriter(self.store, config.queue_blocks)
+        self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
+
+    def upload(self, items: Sequence[RemoteItem]) -> int:
+        queued = 0
+        for item, got in zip(items, self.tiers.dram_rows(items), strict=True):
+            if isinstance(got, str):
+                self.not_uploaded += 1
+                logger.warning("tiercache: block %s %s", item.block_hash.hex()[:16], got)
+                continue
+            row, checksum = got
+            queued += self.writer.offer(item.block_hash, row, checksum)
+        return queued
+
+    def fetch(self, items: Sequence[RemoteItem]) -> dict[bytes, str]:
+        if not items:
+            return {}
+        hashes = [item.block_hash for item in items]
+        answer = self.store.exists(hashes)
+        failed = {
+            h: f"remote fetch: {answer.reason or 'not in the remote store'}"
+            for h, found in zip(hashes, answer.found, strict=True)
+            if not found
+        }
+        todo = [item for item in items if item.block_hash not in failed]
+        got = read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
+        good = [
+            (item, block) for item, block in zip(todo, got, strict=True) if isinstance(block, RemoteBlock)
+        ]
+        failed.update(
+            (item.block_hash, f"remote fetch: {block}")
+            for item, block in zip(todo, got, strict=True)
+            if isinstance(block, str)
+        )
+        if good:
+            rows = torch.stack([block.row for _, block in good])  # [n, dram_stride] uint8
+            sums = torch.tensor([block.checksum for _, block in good], dtype=torch.int64)  # [n, 2]
+            self.tiers.fill_dram([item for item, _ in good], rows, sums)
+        for block_hash, reason in failed.items():
+            logger.info("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
+        return failed
+
+    def stats(self) -> dict[str, int | str]:
+        store = {f"store_{k}": v for k, v in self.store.stats().items()}
+        return {**self.writer.stats(), **store, "not_uploaded": self.not_uploaded}
+
+    def close(self, timeout: float = 10.0) -> None:
+        if not self.writer.flush(timeout):
+            logger.warning("tiercache: remote writes still queued after %gs at shutdown: dropped", timeout)
+        self.writer.close()
+        self.store.close()

