@@ -6,6 +6,7 @@ and DRAM tiers (8 blocks each): every block dropped from DRAM is written to the 
 engine B, whose tiers start empty, then serves the second prompt of each pair, which shares five full blocks
 with the first:
     served      the five blocks come from the remote tier; greedy tokens equal recomputing
+    other codec engine C (k8v4) asks the same prompt: other keys, a miss
     corrupted   their stored values have a flipped payload byte: checksum mismatch, a refused load, recomputed
     store down  redis-server stopped: the lookup finds nothing, B recomputes and keeps serving
 """
@@ -33,8 +34,8 @@ SCRIPT = Path(__file__).with_name("remote_engine.py")
 class EngineProcess:
     """remote_engine.py in a child process: ask(command) → its answer."""
 
-    def __init__(self, model: Path, url: str, log: Path) -> None:
-        cfg = connector_config("none", vram=TIER, dram=TIER)
+    def __init__(self, model: Path, url: str, log: Path, codec: str = "none") -> None:
+        cfg = connector_config(codec, vram=TIER, dram=TIER)
         cfg["kv_connector_extra_config"]["tiers"]["remote"] = {"url": url, "timeout": "2s", "write": "all"}
         env = {**os.environ, "PYTHONPATH": rank_env(2)["PYTHONPATH"]}  # this checkout's tiercache
         self.log = log.open("w")
@@ -112,6 +113,22 @@ def test_engine_b_serves_a_prompt_of_engine_a_from_the_remote_tier(engine_b, bas
     why = engine_b.ask(explain=got["ids"][0])
     assert why["blocks"][:PREFIX_BLOCKS] == [["hit", "remote"]] * PREFIX_BLOCKS
     assert f"{PREFIX_BLOCKS} blocks from remote" in why["summary"], why["summary"]
+
+
+def test_an_engine_with_another_codec_never_reads_them(
+    engine_a, baseline, redis_server, tiny_model, tmp_path
+):
+    """Engine C (k8v4, its own process) asks for the same prompt: the keys carry the codec and layout, so it
+    finds nothing (a miss, recomputed) while the values stay there for engines of A's codec."""
+    second = SHARED["remote"][1]
+    c = EngineProcess(tiny_model, redis_server.url, tmp_path / "engine_c.log", codec="k8v4")
+    try:
+        got = c.ask(run=[second])
+    finally:
+        c.close()
+    assert got["tokens"] == [baseline[second]] and got["cached"] == [0]
+    assert got["counters"]["remote_lookups"] >= PREFIX_BLOCKS and "remote_found" not in got["counters"]
+    assert all(len(keys_of(redis_server, h)) == 1 for h in engine_a[0]["remote"])
 
 
 def test_corrupted_remote_values_are_misses_with_the_same_tokens(engine_b, engine_a, baseline, redis_server):
