@@ -21,12 +21,12 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import _child
 from benchmarks.warm_start import LLAMA_8B
 
 # name -> (attention backend or None for vLLM's default, tiercache codec or None, cache dtype on vLLM 0.26,
@@ -76,7 +76,7 @@ def child(args: argparse.Namespace) -> None:
         step_s = (with_decode - without) / args.steps
         rows.append({"n": n, "length": length, "prefill_tok_s": n * length / prefill_s,
                      "step_ms": 1e3 * step_s, "out_tok_s": n / step_s})  # fmt: skip
-    print("RESULT " + json.dumps({"tokens": tokens, "start_s": start_s, "sets": rows}))
+    _child.print_result({"tokens": tokens, "start_s": start_s, "sets": rows})
 
 
 def _timed(llm, prompts: list[dict], max_tokens: int) -> float:
@@ -96,14 +96,7 @@ def run_child(config: str, args: argparse.Namespace) -> dict | str:
                "--steps", str(args.steps)]  # fmt: skip
     if args.eager:
         command.append("--eager")
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode != 0 or not lines:
-        sys.stderr.write(f"--- {config} failed ({out.returncode}):\n")
-        sys.stderr.write(out.stdout[-3000:] + out.stderr[-5000:] + "\n")
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return last[:160]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return _child.run_child(command, env, config)
 
 
 def main() -> None:

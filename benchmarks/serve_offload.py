@@ -26,12 +26,12 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import _child
 from benchmarks.warm_start import LLAMA_8B
 
 K8V4_SHRINK = 2.56  # bf16 bytes / k8v4 bytes per token (head_dim 128, norms included)
@@ -72,7 +72,7 @@ def child(args: argparse.Namespace) -> None:
             cached += out.num_cached_tokens or 0
             prompt_tokens += len(out.prompt_token_ids)
         rounds.append({"s": time.perf_counter() - t, "cached": cached / prompt_tokens})
-    print("RESULT " + json.dumps({"rounds": rounds}))
+    _child.print_result({"rounds": rounds})
 
 
 def run_child(engine: str, args: argparse.Namespace) -> dict | str:
@@ -80,13 +80,7 @@ def run_child(engine: str, args: argparse.Namespace) -> dict | str:
     command = [sys.executable, "-m", "benchmarks.serve_offload", "--child", "--engine", engine]
     for name in ("users", "context", "layers", "rounds", "max_tokens", "gpu_kv_gib", "vram_gib", "codec"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode != 0 or not lines:
-        sys.stderr.write(f"--- {engine} failed ({out.returncode}):\n")
-        sys.stderr.write(out.stdout[-3000:] + out.stderr[-5000:] + "\n")
-        return ((out.stderr.strip().splitlines() or ["no output"])[-1])[:160]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return _child.run_child(command, env, engine)
 
 
 def engines(args: argparse.Namespace) -> list[tuple[str, str, str]]:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import _child
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -84,7 +85,7 @@ def child(args: argparse.Namespace) -> None:
     except AttributeError:
         why = "(multi-process engine: ask with tiercache inspect --why)"
     result = {"start_s": start_s, "warm_s": warm_s, "rounds": rounds, "loaded_last": loaded}
-    print("RESULT " + json.dumps({**result, "metrics": metrics, "why": why}))
+    _child.print_result({**result, "metrics": metrics, "why": why})
 
 
 def run_child(warm: bool, args: argparse.Namespace) -> dict:
@@ -95,12 +96,11 @@ def run_child(warm: bool, args: argparse.Namespace) -> dict:
     command = [sys.executable, "-m", "benchmarks.warm_start", "--child", "--users", str(args.users),
                "--context", str(args.context), "--layers", str(args.layers), "--rounds", str(args.rounds),
                "--codec", args.codec]  # fmt: skip
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode != 0 or not lines:
-        sys.stderr.write(out.stdout[-4000:] + out.stderr[-6000:])
-        raise SystemExit(f"child (warm start {'on' if warm else 'off'}) failed with {out.returncode}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    label = f"child (warm start {'on' if warm else 'off'})"
+    result = _child.run_child(command, env, label)
+    if not isinstance(result, dict):
+        raise SystemExit(f"{label} failed: {result}")
+    return result
 
 
 def main() -> None:
