@@ -2,27 +2,16 @@
 (prepare_fetch reserves pinned DRAM slots; complete_fetch makes them ready or releases them)."""
 
 import pytest
+from test_manager import h
+from test_manager import make as manager
 
 from tiercache.scheduler.events import MissEvent, StoreEvent
 from tiercache.scheduler.manager import TierManager
 from tiercache.wire import DRAM, RemoteItem
 
 
-def h(i: int) -> bytes:
-    return i.to_bytes(8, "little")
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 1.0
-        return self.t
-
-
 def make(vram=2, dram=2, write="all") -> TierManager:
-    return TierManager(vram, dram, "codec-A", clock=Clock(), spill_watermark=0.0, remote_write=write)
+    return manager(vram, dram, remote_write=write)
 
 
 def store(m: TierManager, ids) -> None:
