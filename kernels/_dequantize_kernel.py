@@ -1,7 +1,8 @@
 """Triton kernel: TurboQuant blocks → a float paged cache (the connector's load path).
 
 Grid (programs,): each program loads the rotation once and walks work items (listed block, tile of
-ROWS (offset, head) rows) with a stride of the grid size. Per item: unpack, codebook lookup, rotate back
+ROWS (offset, head) rows) with a stride of the grid size. Listed block i goes to out[i], or with OUT_IDS to
+out[out_ids[i]] (a scatter straight into a paged cache). Per item: unpack, codebook lookup, rotate back
 (one dot in field-major order), scale by the norms, store.
 """
 
@@ -17,11 +18,11 @@ from ._triton_common import dot16, unpack_field_major
 def _dequantize_kernel(
     p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
     n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
-    ids_ptr, num_ids, H,  # block_ids [N]
+    ids_ptr, out_ids_ptr, num_ids, H,  # block_ids [N]; OUT_IDS: out_ids [N]
     cb_ptr, rot_ptr,  # codebook [2**BITS], rotation Π[perm, :] [D, D] (f32 or f16)
-    o_ptr, so_n, so_o, so_h, so_d,  # out [N, BS, H, D]
+    o_ptr, so_n, so_o, so_h, so_d,  # out [N, BS, H, D] (OUT_IDS: [NB, BS, H, D])
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, IEEE: tl.constexpr,
-    BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr,
+    BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, OUT_IDS: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, D)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
@@ -42,5 +43,9 @@ def _dequantize_kernel(
             x = dot16(vals, rot, tl.zeros([ROWS, D], dtype=tl.float32), False)
         norm = tl.load(n_ptr + block * sn_b + offset * sn_o + h * sn_h, mask=rmask, other=0.0)
         x = x * norm[:, None]
-        out = o_ptr + n * so_n + offset[:, None] * so_o + h[:, None] * so_h + d[None, :] * so_d
+        if OUT_IDS:  # noqa: SIM108 (constexpr branch)
+            dst = tl.load(out_ids_ptr + n).to(tl.int64)
+        else:
+            dst = n
+        out = o_ptr + dst * so_n + offset[:, None] * so_o + h[:, None] * so_h + d[None, :] * so_d
         tl.store(out, x.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

@@ -1,7 +1,12 @@
 """Triton kernel: fused TurboQuant encode + scatter into the paged VRAM tier (keys and values, one launch).
 
 Grid (programs, 2): axis 1 picks keys (0) or values (1); each program loads its rotation once and walks
-work items (token tile, kv head) with a stride of the grid size. Per item: rotate (16-bit inputs: tensor-core
+work items (token tile, kv head) with a stride of the grid size. Token t's input row and destination slot:
+    GATHER=False   x[t] ([T, H, D]: strides sx_t, sx_h, sx_d), slot slot_ptr[t] (−1: skipped)
+    GATHER=True    x[src_ptr[t // BLOCK_SIZE], t % BLOCK_SIZE] ([NB, BS, H, D]: strides sx_b, sx_t, sx_h,
+                   sx_d: one side of a paged cache), slot slot_ptr[t // BLOCK_SIZE] · BLOCK_SIZE + t % BS
+                   (slot_ptr holds destination block ids): whole blocks copied from cache to tier, no
+                   gathered copy in between. Per item: rotate (16-bit inputs: tensor-core
 products against the rotation split in 16-bit terms of the input's type, three for bfloat16 and two for
 float16, so the products are f32-accurate; f32: IEEE dot), the norm from the rotated rows, the nearest
 centroid of each coordinate, pack, store to the token's slot. The input rows only pass through registers
@@ -18,14 +23,15 @@ from ._triton_common import dot16, nearest_centroid, pack_field_major
 
 @triton.jit
 def _encode_heads(
-    x_ptr, sx_t, sx_h, sx_d,  # x [T, H, D]
-    slot_ptr, T, H,
+    x_ptr, sx_b, sx_t, sx_h, sx_d,  # x [T, H, D] (sx_b unused) or, GATHER, [NB, BS, H, D]
+    src_ptr, slot_ptr, T, H,  # GATHER: src_ptr [T / BS] source blocks, slot_ptr destination blocks
     p_ptr, sp_b, sp_o, sp_h, sp_p,  # packed [NB, BS, H, P] uint8
     n_ptr, sn_b, sn_o, sn_h,  # norms [NB, BS, H] f32
     rot_ptr,  # rotation pieces [NPIECE, D, D] (16-bit: the input's dtype; f32: one piece)
     grid_ptr, grid_scale, grid_origin, grid_last,  # the codec's nearest-centroid search (_tables.search_line)
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, UPCAST: tl.constexpr,
+    GATHER: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, D)
     rot_offs = d[:, None] * D + d[None, :]
@@ -36,12 +42,15 @@ def _encode_heads(
         rot2 = tl.load(rot_ptr + 2 * D * D + rot_offs)
     num_items = tl.cdiv(T, BT) * H
     # The next item's input is loaded while this one is computed.
-    x_next, slot_next = _load_item(x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, tl.program_id(0), D, BT)
+    x_next, slot_next = _load_item(
+        x_ptr, sx_b, sx_t, sx_h, sx_d, src_ptr, slot_ptr, T, H, tl.program_id(0), D, BT, BLOCK_SIZE, GATHER
+    )  # fmt: skip
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         h = item % H
         x, slot = x_next, slot_next
         x_next, slot_next = _load_item(
-            x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, item + tl.num_programs(0), D, BT
+            x_ptr, sx_b, sx_t, sx_h, sx_d, src_ptr, slot_ptr, T, H, item + tl.num_programs(0), D, BT,
+            BLOCK_SIZE, GATHER,
         )  # fmt: skip
         valid = slot >= 0
         if NPIECE == 1:
@@ -68,21 +77,34 @@ def _encode_heads(
 
 
 @triton.jit
-def _load_item(x_ptr, sx_t, sx_h, sx_d, slot_ptr, T, H, item, D: tl.constexpr, BT: tl.constexpr):
+def _load_item(
+    x_ptr, sx_b, sx_t, sx_h, sx_d, src_ptr, slot_ptr, T, H, item,
+    D: tl.constexpr, BT: tl.constexpr, BLOCK_SIZE: tl.constexpr, GATHER: tl.constexpr,
+):  # fmt: skip
     """Input rows [BT, D] and slots [BT] of work item (token tile item // H, head item % H)."""
     t = (item // H) * BT + tl.arange(0, BT)
     t_end = tl.where(item < tl.cdiv(T, BT) * H, T, 0)  # items past the end load nothing
-    slot = tl.load(slot_ptr + t, mask=t < t_end, other=-1).to(tl.int64)
+    inside = t < t_end
+    if GATHER:
+        n = t // BLOCK_SIZE
+        offset = t % BLOCK_SIZE
+        src = tl.load(src_ptr + n, mask=inside, other=0).to(tl.int64)
+        dst = tl.load(slot_ptr + n, mask=inside, other=0).to(tl.int64)
+        slot = tl.where(inside, dst * BLOCK_SIZE + offset, -1)
+        row = src * sx_b + offset * sx_t
+    else:
+        slot = tl.load(slot_ptr + t, mask=inside, other=-1).to(tl.int64)
+        row = t * sx_t
     d = tl.arange(0, D)
-    rows = x_ptr + t[:, None] * sx_t + (item % H) * sx_h + d[None, :] * sx_d
+    rows = x_ptr + row[:, None] + (item % H) * sx_h + d[None, :] * sx_d
     x = tl.load(rows, mask=(slot >= 0)[:, None], other=0.0)
     return x, slot
 
 
 @triton.jit
 def _encode_store_kernel(
-    k_ptr, skt, skh, skd, v_ptr, svt, svh, svd,
-    slot_ptr, T, H,
+    k_ptr, skb, skt, skh, skd, v_ptr, svb, svt, svh, svd,
+    src_ptr, slot_ptr, T, H,
     kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
     vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
     krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
@@ -90,19 +112,19 @@ def _encode_store_kernel(
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, GATHER: tl.constexpr,
 ):  # fmt: skip
     if tl.program_id(1) == 0:
         _encode_heads(
-            k_ptr, skt, skh, skd, slot_ptr, T, H,
+            k_ptr, skb, skt, skh, skd, src_ptr, slot_ptr, T, H,
             kp_ptr, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_b, skn_o, skn_h,
             krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
-            BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST,
+            BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST, GATHER,
         )  # fmt: skip
     else:
         _encode_heads(
-            v_ptr, svt, svh, svd, slot_ptr, T, H,
+            v_ptr, svb, svt, svh, svd, src_ptr, slot_ptr, T, H,
             vp_ptr, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_b, svn_o, svn_h,
             vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last,
-            BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST,
+            BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST, GATHER,
         )  # fmt: skip

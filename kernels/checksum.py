@@ -1,7 +1,9 @@
 """Public launcher: checksums of stored blocks, a pure function of their bytes (issue 26: corrupted blocks).
 
 Provides:
-    block_checksums(sections) -> [n, 2] int64      sections: [L, n, …] tensors of n blocks, in block order
+    block_checksums(sections, blocks=None) -> [n, 2] int64
+        sections: [L, NB, …] tensors of NB blocks; blocks: [n] int, which of them (None: all, in order) —
+        the checksums of a pool's slots read in place
     MAX_WORDS                                       the largest block the guarantee below holds for
 
 Definition. A block's bytes are its sections in the order given, each section layer by layer: piece (s, l)
@@ -36,22 +38,29 @@ if HAVE_TRITON:
     from ._checksum_kernel import _block_checksum_kernel
 
 
-def block_checksums(sections: Sequence[torch.Tensor]) -> torch.Tensor:
-    """[n, 2] int64 (S1, S2) per block of the [L, n, …] sections (any dtypes), on their device."""
+def block_checksums(sections: Sequence[torch.Tensor], blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """[n, 2] int64 (S1, S2) per block of the [L, NB, …] sections (any dtypes), on their device: of every
+    block in order, or of blocks[i] for each i."""
     if not sections:
         raise ValueError("block_checksums: no sections given")
-    n, device = sections[0].shape[1], sections[0].device
+    nb, device = sections[0].shape[1], sections[0].device
     for i, t in enumerate(sections):
-        if t.ndim < 2 or t.shape[1] != n or t.device != device:
+        if t.ndim < 2 or t.shape[1] != nb or t.device != device:
             raise ValueError(
-                f"block_checksums: section {i} must be [L, {n}, …] on {device}, got {tuple(t.shape)} on "
+                f"block_checksums: section {i} must be [L, {nb}, …] on {device}, got {tuple(t.shape)} on "
                 f"{t.device}"
             )
+    if blocks is not None and (blocks.ndim != 1 or blocks.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(
+            f"block_checksums: blocks must be a 1-D int tensor, got {blocks.dtype} {tuple(blocks.shape)}"
+        )
+    n = nb if blocks is None else blocks.shape[0]
     total = sum(t.shape[0] * -(-piece_bytes(t).shape[2] // 4) for t in sections)
     if total > MAX_WORDS:
         raise ValueError(f"block_checksums: a block of {total} words exceeds the {MAX_WORDS}-word bound")
     if n == 0 or not use_triton(*sections):
-        return block_checksums_reference(sections)
+        return block_checksums_reference(sections, blocks)
+    ids = sections[0] if blocks is None else blocks.to(device)  # any tensor when unused
     plans = []
     cols = 0
     base = 0
@@ -69,9 +78,9 @@ def block_checksums(sections: Sequence[torch.Tensor]) -> torch.Tensor:
     for src, words, piece, is_words, base, tiles, tile, col0 in plans:
         grid = (n, src.shape[0] * tiles)
         _block_checksum_kernel[grid](
-            src, src.stride(0), src.stride(1), piece, words, base, tiles,
+            src, src.stride(0), src.stride(1), ids, piece, words, base, tiles,
             partial, partial.stride(0), col0,
-            TILE=tile, WORDS=is_words, num_warps=4,
+            TILE=tile, WORDS=is_words, IDS=blocks is not None, num_warps=4,
         )  # fmt: skip
     return partial.sum(1)
 

@@ -1,8 +1,13 @@
-"""Public launcher: fused TurboQuant encode + store of new keys and values into the VRAM tier.
+"""Public launchers: fused TurboQuant encode + store of keys and values into the VRAM tier's format.
 
 Provides:
     tq_encode_store(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec, *,
-                    config=None)
+                    config=None)        new tokens [T, H, D] → their slots (the cache-update path)
+    tq_encode_blocks(key_cache, value_cache, src_blocks, dst_blocks, k_packed, k_norms, v_packed, v_norms,
+                     k_codec, v_codec, *, config=None)
+                                        whole blocks of a float paged cache [NB, BS, H, D] (any strides:
+                                        one side of one layer of vLLM's cache) → other blocks of the packed
+                                        cache, read in place (the connector's save path: no gathered copy)
 config: an EncodeLaunchConfig (launch_config.py), None for the defaults.
 
 Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere.
@@ -46,23 +51,92 @@ def tq_encode_store(
         raise ValueError(
             f"key and value must match: {key.dtype} {tuple(key.shape)} vs {value.dtype} {tuple(value.shape)}"
         )
-    num_tokens, num_heads, head_dim = key.shape
+    num_tokens, _, head_dim = key.shape
     check_index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != num_tokens:
         raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries for {num_tokens} tokens")
+    caches = (k_packed, k_norms, v_packed, v_norms)
+    _check_caches(key, value, caches, k_codec, v_codec, slot_mapping=slot_mapping)
+    if num_tokens == 0:
+        return
+    if not (use_triton(key) and triton_layout_ok(head_dim)):
+        encode_store_reference(key, value, slot_mapping, *caches, k_codec, v_codec)
+        return
+    strides = ((0, *key.stride()), (0, *value.stride()))
+    _launch(
+        key, value, strides, slot_mapping, slot_mapping, num_tokens, caches, k_codec, v_codec, config, False
+    )
+
+
+def tq_encode_blocks(
+    key_cache: torch.Tensor,  # [NB, BS, H, D] float, any strides
+    value_cache: torch.Tensor,  # [NB, BS, H, D] float, any strides
+    src_blocks: torch.Tensor,  # [n] int: blocks of key_cache / value_cache …
+    dst_blocks: torch.Tensor,  # [n] int: … encoded into these blocks of the packed cache
+    k_packed: torch.Tensor,  # [NB', BS, H, Pk] uint8 (one layer)
+    k_norms: torch.Tensor,  # [NB', BS, H] f32
+    v_packed: torch.Tensor,  # [NB', BS, H, Pv] uint8
+    v_norms: torch.Tensor,  # [NB', BS, H] f32
+    k_codec: TurboQuantCodec,
+    v_codec: TurboQuantCodec,
+    *,
+    config: EncodeLaunchConfig | None = None,
+) -> None:
+    """Block dst_blocks[i] of the packed cache := encode(block src_blocks[i] of the float caches), in place;
+    the same bytes as tq_encode_store of those blocks' tokens into those slots."""
+    config = resolve_config(config, EncodeLaunchConfig)
+    check_float("key_cache", key_cache, 4)
+    check_float("value_cache", value_cache, 4)
+    if key_cache.shape != value_cache.shape or key_cache.dtype != value_cache.dtype:
+        raise ValueError(
+            f"key_cache and value_cache must match: {key_cache.dtype} {tuple(key_cache.shape)} vs "
+            f"{value_cache.dtype} {tuple(value_cache.shape)}"
+        )
+    _, block_size, num_heads, head_dim = key_cache.shape
+    check_index("src_blocks", src_blocks, 1)
+    check_index("dst_blocks", dst_blocks, 1)
+    if src_blocks.shape != dst_blocks.shape:
+        raise ValueError(
+            f"src_blocks and dst_blocks differ in length: {len(src_blocks)} vs {len(dst_blocks)}"
+        )
+    if k_packed.ndim == 4 and k_packed.shape[1] != block_size:
+        raise ValueError(
+            f"the packed cache's block size is {k_packed.shape[1]}, the float cache's {block_size}"
+        )
+    caches = (k_packed, k_norms, v_packed, v_norms)
+    _check_caches(key_cache, value_cache, caches, k_codec, v_codec, src=src_blocks, dst=dst_blocks)
+    n = src_blocks.shape[0]
+    if n == 0:
+        return
+    if not (use_triton(key_cache) and triton_layout_ok(head_dim)):
+        src = src_blocks.to(torch.int64)
+        slots = dst_blocks.to(torch.int64)[:, None] * block_size + torch.arange(block_size, device=src.device)
+        key = key_cache[src].reshape(n * block_size, num_heads, head_dim)
+        value = value_cache[src].reshape(n * block_size, num_heads, head_dim)
+        encode_store_reference(key, value, slots.reshape(-1), *caches, k_codec, v_codec)
+        return
+    strides = (key_cache.stride(), value_cache.stride())
+    _launch(key_cache, value_cache, strides, src_blocks, dst_blocks, n * block_size, caches, k_codec, v_codec,
+            config, True)  # fmt: skip
+
+
+def _check_caches(key, value, caches, k_codec, v_codec, **indices) -> None:
+    k_packed, k_norms, v_packed, v_norms = caches
+    num_heads, head_dim = key.shape[-2], key.shape[-1]
     check_codec("k_codec", k_codec, head_dim)
     check_codec("v_codec", v_codec, head_dim)
     check_cache("k", k_packed, k_norms, k_codec, num_heads)
     check_cache("v", v_packed, v_norms, v_codec, num_heads)
     if k_packed.shape[:2] != v_packed.shape[:2]:
         raise ValueError(f"k and v caches differ in blocks: {k_packed.shape[:2]} vs {v_packed.shape[:2]}")
-    check_same_device(key=key, value=value, slot_mapping=slot_mapping, k_packed=k_packed, v_packed=v_packed)
-    if num_tokens == 0:
-        return
-    if not (use_triton(key) and triton_layout_ok(head_dim)):
-        caches = (k_packed, k_norms, v_packed, v_norms)
-        encode_store_reference(key, value, slot_mapping, *caches, k_codec, v_codec)
-        return
+    check_same_device(key=key, value=value, k_packed=k_packed, v_packed=v_packed, **indices)
+
+
+def _launch(key, value, strides, src, slots, num_tokens, caches, k_codec, v_codec, config, gather) -> None:
+    """One launch of _encode_store_kernel; strides: (b, t, h, d) of key and of value (b unused unless
+    gather)."""
+    k_packed, k_norms, v_packed, v_norms = caches
+    num_heads, head_dim = key.shape[-2], key.shape[-1]
     kt, vt = kernel_tables(k_codec, key.device), kernel_tables(v_codec, key.device)
     k_rot, v_rot = _rotation_pieces(kt, key.dtype), _rotation_pieces(vt, key.dtype)
     pieces = k_rot.shape[0]
@@ -70,8 +144,8 @@ def tq_encode_store(
     items = -(-num_tokens // bt) * num_heads
     grid = (max(1, min(items, config.programs_per_sm * num_sms(key.device))), 2)
     LAST_COMPILED["encode"] = _encode_store_kernel[grid](
-        key, *key.stride(), value, *value.stride(),
-        slot_mapping, num_tokens, num_heads,
+        key, *strides[0], value, *strides[1],
+        src, slots, num_tokens, num_heads,
         k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
         v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
         k_rot, kt.grid, kt.grid_scale, kt.grid_origin, kt.grid_last,
@@ -79,7 +153,7 @@ def tq_encode_store(
         BLOCK_SIZE=k_packed.shape[1], D=head_dim, BT=bt, NPIECE=pieces,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-        UPCAST=interpreting(),
+        UPCAST=interpreting(), GATHER=gather,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 

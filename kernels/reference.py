@@ -3,10 +3,12 @@ fallback.
 
 Provides:
     encode_store_reference(key, value, slot_mapping, k_packed, k_norms, v_packed, v_norms, k_codec, v_codec)
-    dequantize_blocks_reference(packed, norms, block_ids, codec, out)
+    dequantize_blocks_reference(packed, norms, block_ids, codec, out, out_blocks=None)
     decode_attention_reference(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                                k_codec, v_codec, scale=None, compute_dtype=torch.float32) -> [B, Hq, D]
-    block_checksums_reference(sections) -> [n, 2] int64   (definition and guarantee: checksum.py)
+    block_checksums_reference(sections, blocks=None) -> [n, 2] int64   (definition and guarantee:
+                                                            checksum.py); blocks: which of the sections'
+                                                            blocks (all, in order, when None)
     piece_bytes(section) -> [L, n, B] uint8                 a [L, n, …] section's (layer, block) pieces
 
 Cache layout of one layer (see kernels/__init__.py):
@@ -55,10 +57,16 @@ def dequantize_blocks_reference(
     block_ids: torch.Tensor,
     codec: TurboQuantCodec,
     out: torch.Tensor,
+    out_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out[i] = decode(packed[block_ids[i]]) for every i; out [N, BS, H, D] of a float dtype."""
+    """out[i] = decode(packed[block_ids[i]]) for every i, out [N, BS, H, D] of a float dtype; with
+    out_blocks, out[out_blocks[i]] (out a paged cache [NB, BS, H, D])."""
     ids = block_ids.to(torch.int64)
-    out.copy_(codec.decode(packed[ids], norms[ids], out.dtype))
+    x = codec.decode(packed[ids], norms[ids], out.dtype)
+    if out_blocks is None:
+        out.copy_(x)
+    else:
+        out[out_blocks.to(torch.int64)] = x
     return out
 
 
@@ -114,8 +122,12 @@ def piece_bytes(section: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
-def block_checksums_reference(sections) -> torch.Tensor:
-    """(S1, S2) per block, int64 wrapping like the Triton kernel (checksum.py defines them)."""
+def block_checksums_reference(sections, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """(S1, S2) per block, int64 wrapping like the Triton kernel (checksum.py defines them); blocks [n]:
+    those blocks of the [L, NB, …] sections, in that order."""
+    if blocks is not None:
+        idx = blocks.to(device=sections[0].device, dtype=torch.int64)
+        sections = [section.index_select(1, idx) for section in sections]
     n = sections[0].shape[1]
     out = torch.zeros(n, 2, dtype=torch.int64, device=sections[0].device)
     base = 0
