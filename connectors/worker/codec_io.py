@@ -2,10 +2,17 @@
 
 Provides:
     encode_blocks(codec, k_access, v_access, block_ids, layout) -> KVBlocks   [L, n, BS, H, P] per section
-    decode_blocks(codec, blocks, k_access, v_access, block_ids)               writes vLLM's blocks in place
+    encode_into(codec, k_access, v_access, block_ids, layout, pool, slots)   the same bytes written
+                                             straight into pool[:, slots] (pool: [L, NB, …] KVBlocks, slots
+                                             [n] int64 on its device)
+    decode_blocks(codec, blocks, k_access, v_access, block_ids, src=None)   blocks[:, src[i]] (blocks[:, i]
+                                             when src is None) → vLLM's block block_ids[i], in place
 k_access / v_access: one BlockAccess per layer (kv_views.py), in the pools' layer order.
-On CUDA, TurboQuant sides go through the kernels' Triton launchers (tq_encode_store, tq_dequantize_blocks);
-elsewhere, and for lossless (raw) sides, through the codec itself (exactly codec.decode(codec.encode(x))).
+On CUDA, where both sides are TurboQuant and vLLM's cache is a strided view (GPU backends), encode_into and
+decode_blocks run one kernel per layer that reads vLLM's blocks in place and writes the pool in place
+(tq_encode_blocks), or reads the source in place and writes vLLM's blocks in place (tq_dequantize_blocks
+with out_blocks): no gathered copy, no temporary. Elsewhere, and for lossless (raw) sides, through the
+codec itself (exactly codec.decode(codec.encode(x))) with a copy in between.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from collections.abc import Sequence
 import torch
 
 from tiercache.codecs import KVCodec, RawCodec
-from tiercache.kernels import tq_dequantize_blocks, tq_encode_store
+from tiercache.kernels import tq_dequantize_blocks, tq_encode_blocks, tq_encode_store
 from tiercache.layout import BlockLayout
-from tiercache.worker.pools import KVBlocks
+from tiercache.worker.pools import SECTIONS, KVBlocks
 
 from .kv_views import BlockAccess
 
@@ -38,19 +45,21 @@ def encode_blocks(
         torch.empty(L, n, bs, h, dtype=torch.float32, device=device),
         torch.empty(L, n, bs, h, dtype=torch.float32, device=device),
     )
-    fused = (
-        device.type == "cuda"
-        and not isinstance(codec.keys, RawCodec)
-        and not isinstance(codec.values, RawCodec)
-    )
+    if _fused(codec, k_views, v_views):
+        local = torch.arange(n, device=device)
+        for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
+            tq_encode_blocks(
+                k_view.view, v_view.view, idx, local, *_layer(out, layer), codec.keys, codec.values
+            )
+        return out
+    fused_sides = _use_kernels(device) and not _raw(codec)
     slots = torch.arange(n * bs, device=device)
     for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
         k = k_view.read(idx)  # [n, BS, H, D]
         v = v_view.read(idx)
-        if fused:
+        if fused_sides:
             tq_encode_store(
-                k.reshape(n * bs, h, -1), v.reshape(n * bs, h, -1), slots,
-                out.k_packed[layer], out.k_norms[layer], out.v_packed[layer], out.v_norms[layer],
+                k.reshape(n * bs, h, -1), v.reshape(n * bs, h, -1), slots, *_layer(out, layer),
                 codec.keys, codec.values,
             )  # fmt: skip
             continue
@@ -62,25 +71,75 @@ def encode_blocks(
     return out
 
 
+def encode_into(
+    codec: KVCodec,
+    k_views: Sequence[BlockAccess],
+    v_views: Sequence[BlockAccess],
+    block_ids: Sequence[int] | torch.Tensor,
+    layout: BlockLayout,
+    pool: KVBlocks,
+    slots: torch.Tensor,
+) -> None:
+    device = k_views[0].device
+    if not _fused(codec, k_views, v_views):
+        blocks = encode_blocks(codec, k_views, v_views, block_ids, layout)
+        for name in SECTIONS:
+            getattr(pool, name).index_copy_(1, slots, getattr(blocks, name))
+        return
+    idx = torch.as_tensor(block_ids, dtype=torch.long, device=device)
+    for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
+        tq_encode_blocks(k_view.view, v_view.view, idx, slots, *_layer(pool, layer), codec.keys, codec.values)
+
+
 def decode_blocks(
     codec: KVCodec,
     blocks: KVBlocks,
     k_views: Sequence[BlockAccess],
     v_views: Sequence[BlockAccess],
     block_ids: Sequence[int] | torch.Tensor,
+    src: torch.Tensor | None = None,
 ) -> None:
     device = k_views[0].device
     idx = torch.as_tensor(block_ids, dtype=torch.long, device=device)
     n = idx.numel()
-    local = torch.arange(n, device=device)
     blocks = blocks.to(device)
+    src = torch.arange(n, device=device) if src is None else src.to(device)
     for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
         sides = ((k_view, codec.keys, blocks.k_packed, blocks.k_norms),
                  (v_view, codec.values, blocks.v_packed, blocks.v_norms))  # fmt: skip
         for view, side, packed, norms in sides:
-            if isinstance(side, RawCodec) or device.type != "cuda":
-                x = side.decode(packed[layer], norms[layer], view.dtype)
+            if isinstance(side, RawCodec) or not _use_kernels(device):
+                x = side.decode(
+                    packed[layer].index_select(0, src), norms[layer].index_select(0, src), view.dtype
+                )
+                view.write(idx, x)
+            elif view.view is not None:  # straight into vLLM's blocks
+                tq_dequantize_blocks(packed[layer], norms[layer], src, side, view.view, out_blocks=idx)
             else:
                 x = torch.empty((n, *view.shape), dtype=view.dtype, device=device)
-                tq_dequantize_blocks(packed[layer], norms[layer], local, side, x)
-            view.write(idx, x)
+                tq_dequantize_blocks(packed[layer], norms[layer], src, side, x)
+                view.write(idx, x)
+
+
+def _use_kernels(device: torch.device) -> bool:
+    """The Triton kernels on CUDA; elsewhere the codec (the kernels' tests force them on under
+    TRITON_INTERPRET=1)."""
+    return device.type == "cuda"
+
+
+def _fused(codec: KVCodec, k_views: Sequence[BlockAccess], v_views: Sequence[BlockAccess]) -> bool:
+    """Whether the encode can read vLLM's blocks in place: kernels, TurboQuant both sides, strided views."""
+    return (
+        _use_kernels(k_views[0].device)
+        and not _raw(codec)
+        and all(view.view is not None for view in (*k_views, *v_views))
+    )
+
+
+def _raw(codec: KVCodec) -> bool:
+    return isinstance(codec.keys, RawCodec) or isinstance(codec.values, RawCodec)
+
+
+def _layer(blocks: KVBlocks, layer: int) -> tuple[torch.Tensor, ...]:
+    """One layer's (k_packed, k_norms, v_packed, v_norms): the kernels' argument order."""
+    return blocks.k_packed[layer], blocks.k_norms[layer], blocks.v_packed[layer], blocks.v_norms[layer]

@@ -45,12 +45,12 @@ from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
 from tiercache.remote.format import RemoteNamespace
-from tiercache.wire import JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
+from tiercache.wire import VRAM, JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
 from tiercache.worker.integrity import checksums_of
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
-from .codec_io import decode_blocks, encode_blocks
+from .codec_io import decode_blocks, encode_blocks, encode_into
 from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
 from .page_io import load_pages, save_pages
@@ -147,23 +147,33 @@ class ConnectorWorker:
             )
 
     def warm_up(self) -> float:
-        """Encode vLLM's block 0, checksum it and decode it back into block 0 (primary mode: copy its pages
-        and checksum them), for each of WARM_COUNTS blocks at once, through the serving path's own calls: the
-        first requests then pay no JIT compile. Block 0 is vLLM's null block (its BlockPool reserves it; no
-        request's KV lives there), and the cache holds no request yet when vLLM registers it."""
+        """Encode vLLM's block 0, checksum it and decode it back into block 0, straight and through DRAM
+        staging (primary mode: copy its pages and checksum them), for each of WARM_COUNTS blocks at once,
+        through the serving path's own calls: the first requests then pay no JIT compile. Block 0 is vLLM's
+        null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no request
+        yet when vLLM registers it. No pool slot is written (the DRAM slots used are untagged: never read)."""
         if self.tiers.vram.device.type != "cuda":
             return 0.0
         if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
             return 0.0
         start = time.perf_counter()
+        device = self.tiers.vram.device
         for n in WARM_COUNTS:
             ids = [0] * n
+            rows = torch.arange(n, device=device)
             if self.geometry.primary:
-                checksums_of(save_pages(self.page_views, ids))
+                checksums_of(save_pages(self.page_views, ids))  # a store's
+                checksums_of(save_pages(self.page_views, ids), rows)  # a load's, read in place
                 continue
-            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
-            checksums_of(blocks)  # what a store records and a load verifies
-            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
+            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)  # = encode_into
+            checksums_of(blocks, rows)  # what a store records and a load verifies, read in place
+            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids[:1], rows[:1])
+            dram_slots = list(range(min(n, self.tiers.dram.num_blocks)))
+            if dram_slots:
+                self.tiers.engine.write_dram(dram_slots, blocks.select(list(range(len(dram_slots)))))
+                staged, at = self.tiers.engine.stage_dram(dram_slots)
+                checksums_of(staged, at)
+                decode_blocks(self.codec, staged, self.k_views, self.v_views, ids[:1], at[:1])
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -263,21 +273,24 @@ class ConnectorWorker:
         if not todo:
             return
         items = [step.plan.loads[i] for i in todo]
+        intact = []
         with self.timer.measure("load", len(items), len(items) * self.layout.block_bytes):
-            blocks = self.tiers.load(items)
-            reasons = self.tiers.verify(items, blocks)  # before any byte reaches vLLM's cache
-            keep = [j for j, reason in enumerate(reasons) if not reason]
+            sources = self.tiers.read(items)  # VRAM slots in place, DRAM blocks staged on the device
+            reasons = self.tiers.verify_read(items, sources)  # before any byte reaches vLLM's cache
             for j, reason in enumerate(reasons):
                 if reason:
                     self._refuse(step, todo[j], reason)
-            if len(keep) < len(todo):
-                blocks = blocks.select(keep)
-            intact = [todo[j] for j in keep]
-            ids = [step.plan.loads[i].block_id for i in intact]
-            if ids and self.geometry.primary:
-                load_pages(blocks, self.page_views, ids)
-            elif ids:
-                decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids)
+            for source in sources:
+                keep = [k for k, j in enumerate(source.positions) if not reasons[j]]
+                if not keep:
+                    continue
+                ids = [items[source.positions[k]].block_id for k in keep]
+                src = source.ids if len(keep) == len(source.positions) else source.ids[keep]
+                if self.geometry.primary:
+                    load_pages(source.blocks, self.page_views, ids, src)
+                else:
+                    decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, src)
+                intact += [todo[source.positions[k]] for k in keep]
         for i in intact:
             step.loads_ok[i] = True
 
@@ -289,14 +302,27 @@ class ConnectorWorker:
         step.load_failures.append(LoadFailure(i, reason))
 
     def _store(self, step: _Step) -> None:
+        """Offload mode encodes VRAM-tier stores straight into their slots (encode_into); DRAM-tier stores,
+        and primary mode's page copies, go through one [L, n, …] copy (TierWorker.store)."""
         stores = step.plan.stores
-        ids = [s.block_id for s in stores]
         with self.timer.measure("store", len(stores), len(stores) * self.layout.block_bytes):
-            if self.geometry.primary:
-                blocks = save_pages(self.page_views, ids)
-            else:
-                blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
-            self.tiers.store(stores, blocks)
+            in_place = [] if self.geometry.primary else [s for s in stores if s.tier == VRAM]
+            if in_place:
+                ids = [s.block_id for s in in_place]
+                self.tiers.store_in_place(
+                    in_place,
+                    lambda pool, slots: encode_into(
+                        self.codec, self.k_views, self.v_views, ids, self.layout, pool, slots
+                    ),
+                )
+            copied = [s for s in stores if self.geometry.primary or s.tier != VRAM]
+            if copied:
+                ids = [s.block_id for s in copied]
+                if self.geometry.primary:
+                    blocks = save_pages(self.page_views, ids)
+                else:
+                    blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
+                self.tiers.store(copied, blocks)
         step.stores_ok[:] = [True] * len(stores)
 
     def _error(self, reason: str) -> None:

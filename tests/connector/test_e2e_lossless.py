@@ -129,10 +129,10 @@ def test_failed_load_transfer_is_recomputed(llm, baseline, monkeypatch):
     sched, worker = scheduler_side(llm), worker_side()
     run(llm, [first])
 
-    def broken_load(items):
+    def broken_read(items):
         raise RuntimeError("injected: DRAM read failed")
 
-    monkeypatch.setattr(worker.tiers, "load", broken_load)
+    monkeypatch.setattr(worker.tiers, "read", broken_read)
     since = len(sched.events)
     got, _ = run(llm, [second])
     monkeypatch.undo()

@@ -2,14 +2,17 @@
 per slot next to the pools, moved with a block when it is spilled or warmed, checked on every load.
 
 Provides:
-    checksums_of(blocks) -> [n, 2] int64     the checksums (tiercache.kernels.block_checksums: definition and
-                                             detection guarantee) of KVBlocks, on their device
+    checksums_of(blocks, ids=None) -> [n, 2] int64   the checksums (tiercache.kernels.block_checksums:
+                                             definition and detection guarantee) of KVBlocks, on their device;
+                                             ids [n]: of those blocks of [L, NB, …] sections (a pool's, read
+                                             in place)
     SlotChecksums(capacities, device)        {tier: slots}; one [slots, 2] int64 table per tier on `device`
         record(tier, slots, sums)            these slots now hold bytes with these checksums
         get(tier, slots) -> [n, 2] int64     the sums recorded for these slots
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
-        mismatches(places, blocks) -> list[(expected, got) | None]   recompute the loaded blocks' checksums
-                                             and compare with their slots' (one host synchronisation)
+        mismatches(places, got) -> list[(expected, got) | None]   compare loaded blocks' checksums ([n, 2],
+                                             checksums_of what was read) with their slots' (one host
+                                             synchronisation)
 
 What is checksummed: a whole block (all layers, K and V, packed bytes and norms, in BlockLayout's section
 order), one pair of sums per block. A block is the unit of a load and of a miss, so per-block sums find
@@ -29,12 +32,12 @@ from tiercache.kernels.reference import block_checksums_reference
 from tiercache.worker.pools import SECTIONS, KVBlocks
 
 
-def checksums_of(blocks: KVBlocks) -> torch.Tensor:
+def checksums_of(blocks: KVBlocks, ids: torch.Tensor | None = None) -> torch.Tensor:
     """[n, 2] int64: the Triton kernel on CUDA, the PyTorch reference elsewhere (same bits)."""
     sections = [getattr(blocks, name) for name in SECTIONS]
     if sections[0].device.type == "cuda":
-        return block_checksums(sections)
-    return block_checksums_reference(sections)
+        return block_checksums(sections, ids)
+    return block_checksums_reference(sections, ids)
 
 
 class SlotChecksums:
@@ -58,17 +61,16 @@ class SlotChecksums:
         self._sums[dst_tier].index_copy_(0, self._index(dst_slots), moved)
 
     def mismatches(
-        self, places: Sequence[tuple[str, int]], blocks: KVBlocks
+        self, places: Sequence[tuple[str, int]], got: torch.Tensor
     ) -> list[tuple[tuple[int, int], tuple[int, int]] | None]:
-        """places[i] = (tier, slot) block i of `blocks` was read from: None where its bytes have the sums
-        recorded for that slot, else (expected, got)."""
+        """places[i] = (tier, slot) block i was read from, got[i] its checksums now: None where they are
+        the sums recorded for that slot, else (expected, got)."""
         expected = torch.empty(len(places), 2, dtype=torch.int64, device=self.device)
         for tier in {tier for tier, _ in places}:
             at = [i for i, (t, _) in enumerate(places) if t == tier]
             slots = self._sums[tier].index_select(0, self._index([places[i][1] for i in at]))
             expected.index_copy_(0, self._index(at), slots)
-        got = checksums_of(blocks).to(self.device)
-        both = torch.cat([expected, got], 1).tolist()  # the one synchronisation: [n, 4]
+        both = torch.cat([expected, got.to(self.device)], 1).tolist()  # the one synchronisation: [n, 4]
         return [None if row[:2] == row[2:] else ((row[0], row[1]), (row[2], row[3])) for row in both]
 
     def _index(self, slots: Sequence[int]) -> torch.Tensor:

@@ -72,14 +72,22 @@ class _Pool:
     def views(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in SECTIONS}
 
+    def sections(self) -> KVBlocks:
+        """The pool's own [L, NB, …] tensors (views: writing them writes the pool)."""
+        return KVBlocks(*self.views().values())
+
+    def slot_index(self, slots) -> torch.Tensor:
+        """[n] int64 on the pool's device; IndexError for a slot outside [0, num_blocks)."""
+        return _index(slots, self.k_packed.device, self.num_blocks)
+
     def read(self, slots) -> KVBlocks:
         """Copy of the given blocks, [L, n, …] per section, on the pool's device."""
-        idx = _index(slots, self.k_packed.device, self.num_blocks)
+        idx = self.slot_index(slots)
         return KVBlocks(*(t.index_select(1, idx) for t in self.views().values()))
 
     def write(self, slots, blocks: KVBlocks) -> None:
         """Write n blocks ([L, n, …] per section, same device) into the given slots."""
-        idx = _index(slots, self.k_packed.device, self.num_blocks)
+        idx = self.slot_index(slots)
         for name, dst in self.views().items():
             src = getattr(blocks, name)
             if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:

@@ -9,12 +9,18 @@ Provides:
         store(items, blocks)           write encoded blocks ([L, n, …] on the device, aligned with the
                                        StoreItems) where the plan says, record their checksums, tag their
                                        slots
+        store_in_place(items, write)   VRAM StoreItems whose bytes write(pool, slots) puts into the pool
+                                       itself (pool: the VRAM tier's [L, NB, …] KVBlocks, slots [n] int64):
+                                       then the same checksums and tags as store
         refusal(item) -> str | None    why a LoadItem cannot be served (refused by the manager, or its slot
                                        does not hold that block); None: load it
-        load(items) -> KVBlocks        read the LoadItems' blocks (VRAM gather, DRAM DMA), in item order
-        verify(items, blocks) -> list[str | None]   per loaded block, why its bytes cannot be served (they
+        read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
+                                       slots in place, DRAM blocks staged (DMA); no other copy
+        verify_read(items, sources) -> list[str | None]   per item, why its bytes cannot be served (they
                                        changed since they were stored: "checksum mismatch: …", the slot's
                                        tag cleared); None: serve them
+        load(items) -> KVBlocks        a copy of the LoadItems' blocks, in item order
+        verify(items, blocks) -> list[str | None]   verify_read for what load returned
         dram_rows(items) -> list[(row, checksum) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
                                        uint8, a view: copy it before the slot is written again) and
                                        recorded checksum; a str: the slot does not hold that block
@@ -33,7 +39,8 @@ source slot does not hold the block it names fails (never moves the wrong bytes 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +50,15 @@ from tiercache.worker.integrity import SlotChecksums, checksums_of
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
+
+
+@dataclass(frozen=True)
+class BlockSource:
+    """Some of a load's blocks, readable on the device: item positions[j]'s block is blocks[:, ids[j]]."""
+
+    positions: list[int]  # indices into the LoadItems
+    blocks: KVBlocks  # [L, NB, …] sections: the VRAM pool's own tensors, or DRAM blocks staged on the device
+    ids: torch.Tensor  # [n] int64, on the blocks' device
 
 
 class TierWorker:
@@ -112,6 +128,57 @@ class TierWorker:
             return "the manager refused it after the lookup"
         return self.tags.refusal(item.tier, item.slot, item.block_hash, self.codec_id)
 
+    def store_in_place(
+        self, items: Sequence[StoreItem], write: Callable[[KVBlocks, torch.Tensor], None]
+    ) -> None:
+        """items: all in VRAM. write(pool, slots) writes block i of the items into pool[:, slots[i]]."""
+        if any(item.tier != VRAM for item in items):
+            raise ValueError("store_in_place: every item must be a VRAM store")
+        slots = [item.slot for item in items]
+        self.tags.clear(VRAM, slots)
+        idx = self.vram.slot_index(slots)
+        pool = self.vram.sections()
+        write(pool, idx)
+        if self.checksums is not None:
+            self.checksums.record(VRAM, slots, checksums_of(pool, idx))
+        self.tags.set(VRAM, slots, (item.block_hash for item in items), self.codec_id)
+
+    def read(self, items: Sequence[LoadItem]) -> list[BlockSource]:
+        sources = []
+        for tier, positions in _by_tier(items).items():
+            slots = [items[i].slot for i in positions]
+            if tier == VRAM:
+                sources.append(BlockSource(positions, self.vram.sections(), self.vram.slot_index(slots)))
+            else:
+                staged, rows = self.engine.stage_dram(slots)
+                sources.append(BlockSource(positions, staged, rows))
+        return sources
+
+    def verify_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> list[str | None]:
+        """sources: what read(items) returned. A block whose bytes no longer have the checksum recorded when
+        they were stored gets a reason, and its slot's tag is cleared: nothing reads that slot again until a
+        store or a move rewrites it (the scheduler drops the block on the failed load and frees the slot)."""
+        if self.checksums is None or not items:
+            return [None] * len(items)
+        got = torch.empty(len(items), 2, dtype=torch.int64, device=self.checksums.device)
+        for source in sources:
+            at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
+            got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
+        places = [(item.tier, item.slot) for item in items]
+        reasons: list[str | None] = []
+        for item, wrong in zip(items, self.checksums.mismatches(places, got), strict=True):
+            if wrong is None:
+                reasons.append(None)
+                continue
+            self.tags.clear(item.tier, [item.slot])
+            (e1, e2), (g1, g2) = wrong
+            reasons.append(
+                f"checksum mismatch: {item.tier} slot {item.slot} (block {item.block_hash.hex()[:16]}): its "
+                f"bytes changed after they were stored (sums {_hex(e1)}/{_hex(e2)} stored, "
+                f"{_hex(g1)}/{_hex(g2)} read)"
+            )
+        return reasons
+
     def load(self, items: Sequence[LoadItem]) -> KVBlocks:
         groups = _by_tier(items)
         parts = {}
@@ -132,25 +199,10 @@ class TierWorker:
         )
 
     def verify(self, items: Sequence[LoadItem], blocks: KVBlocks) -> list[str | None]:
-        """blocks: what load(items) returned. A block whose bytes no longer have the checksum recorded when
-        they were stored gets a reason, and its slot's tag is cleared: nothing reads that slot again until a
-        store or a move rewrites it (the scheduler drops the block on the failed load and frees the slot)."""
-        if self.checksums is None or not items:
-            return [None] * len(items)
-        places = [(item.tier, item.slot) for item in items]
-        reasons: list[str | None] = []
-        for item, wrong in zip(items, self.checksums.mismatches(places, blocks), strict=True):
-            if wrong is None:
-                reasons.append(None)
-                continue
-            self.tags.clear(item.tier, [item.slot])
-            (e1, e2), (g1, g2) = wrong
-            reasons.append(
-                f"checksum mismatch: {item.tier} slot {item.slot} (block {item.block_hash.hex()[:16]}): its "
-                f"bytes changed after they were stored (sums {_hex(e1)}/{_hex(e2)} stored, "
-                f"{_hex(g1)}/{_hex(g2)} read)"
-            )
-        return reasons
+        """blocks: what load(items) returned (see verify_read)."""
+        everything = list(range(len(items)))
+        ids = torch.arange(len(items), device=blocks.k_packed.device)
+        return self.verify_read(items, [BlockSource(everything, blocks, ids)])
 
     # ------------------------------------------------------------------ the remote tier (DRAM rows)
     def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, tuple[int, int]] | str]:

@@ -7,8 +7,11 @@ Provides:
         fail(job, error)                  report a job failed without running it
         poll() -> list[JobResult]         jobs finished since the last poll (non-blocking)
         wait() -> list[JobResult]         block until everything submitted has finished
-        read_dram(slots) -> KVBlocks      DRAM blocks on the VRAM device (current stream), e.g. to decode a
-                                          load straight from DRAM
+        stage_dram(slots) -> (KVBlocks, rows)   DRAM blocks copied to the VRAM device (current stream), as
+                                          [L, n, …] views over the staging rows; block slots[i] is at
+                                          position rows[i] (a [n] int64 device tensor): a load decodes
+                                          from there, no further copy
+        read_dram(slots) -> KVBlocks      the same as contiguous [L, n, …] tensors, in slot order
         write_dram(slots, blocks)         blocks on the VRAM device → DRAM slots (a store that went to DRAM)
 
 How a batch moves (no scatter on the CPU, one DMA per run of consecutive DRAM slots):
@@ -124,16 +127,22 @@ class TransferEngine:
             end.synchronize()
         return self.poll()
 
-    def read_dram(self, slots) -> KVBlocks:
-        """DRAM blocks → a fresh KVBlocks on the VRAM device ([L, n, …] contiguous), on the current stream."""
+    def stage_dram(self, slots) -> tuple[KVBlocks, torch.Tensor]:
+        """DRAM blocks → device staging rows (one copy per run of consecutive slots, on the current stream):
+        ([L, n, …] views over the rows, rows [n] int64 on the device: where block slots[i] is)."""
         slots = list(slots)
         staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
         order = sorted(range(len(slots)), key=slots.__getitem__)
         self._dma([slots[i] for i in order], staging, to_dram=False)
         inverse = torch.empty(len(slots), dtype=torch.int64)
         inverse[torch.as_tensor(order, dtype=torch.int64)] = torch.arange(len(slots))
-        rows = staging.index_select(0, inverse.to(self.device)) if order != sorted(order) else staging
-        return KVBlocks(*(v.transpose(0, 1).contiguous() for v in self._sections(rows).values()))
+        views = KVBlocks(*(v.transpose(0, 1) for v in self._sections(staging).values()))
+        return views, self._device_index(inverse.tolist())
+
+    def read_dram(self, slots) -> KVBlocks:
+        """DRAM blocks → a fresh KVBlocks on the VRAM device ([L, n, …] contiguous), on the current stream."""
+        views, rows = self.stage_dram(slots)
+        return KVBlocks(*(v.index_select(1, rows).contiguous() for v in views.tensors().values()))
 
     def write_dram(self, slots, blocks: KVBlocks) -> None:
         """Blocks on the VRAM device ([L, n, …]) → DRAM slots, on the current stream."""
