@@ -1,5 +1,5 @@
-"""The connector's save and load on the kernels' in-place paths, forced on here through the Triton interpreter
-(on CUDA they are the serving path): a VRAM-tier store encodes vLLM's blocks straight into its slots, a load
+"""The connector's save and load on the kernels' in-place paths (the serving path on CUDA; forced on without
+CUDA, through the Triton interpreter): a VRAM-tier store encodes vLLM's blocks straight into its slots, a load
 decodes VRAM slots in place and DRAM blocks from their staging rows straight into vLLM's blocks. vLLM's cache
 is a FLASH_ATTN-layout view ([NB, H, BS, 2·D] logical over [NB, BS, H, 2·D]: K and V strided). Checked: the
 stored indices are tq_encode_store's for those blocks' tokens (norms to float rounding: the products are cut
@@ -25,10 +25,13 @@ SAVED = [(3, VRAM, 5), (0, VRAM, 1), (7, DRAM, 2), (9, VRAM, 0), (4, DRAM, 6)]  
 LOADED_INTO = [10, 2, 11, 6, 8]  # vLLM blocks the saved blocks are loaded back into, in SAVED's order
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.fixture(autouse=True)
 def kernels_on(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(codec_io, "_use_kernels", lambda device: True)
+    if DEVICE == "cpu":  # tests/conftest.py set TRITON_INTERPRET=1 before the kernels were imported
+        monkeypatch.setattr(codec_io, "_use_kernels", lambda device: True)
 
 
 def hashes() -> list[bytes]:
@@ -43,7 +46,7 @@ def saved_worker(preset: str, dtype: torch.dtype) -> tuple[ConnectorWorker, dict
     )
     gen = torch.Generator().manual_seed(len(preset))
     caches = {
-        n: (torch.randn(NB, BS, HEADS, 2 * HEAD_DIM, generator=gen) * 2).to(dtype).transpose(1, 2)
+        n: (torch.randn(NB, BS, HEADS, 2 * HEAD_DIM, generator=gen) * 2).to(DEVICE, dtype).transpose(1, 2)
         for n in names
     }
     worker = ConnectorWorker(config, geometry)
@@ -60,25 +63,25 @@ def sides(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def stored(worker: ConnectorWorker, tier: str, slot: int) -> KVBlocks:
     pool = worker.tiers.vram if tier == VRAM else worker.tiers.dram
-    return pool.read([slot])
+    return pool.read([slot]).to("cpu")
 
 
 def expected_blocks(worker: ConnectorWorker, caches: dict[str, torch.Tensor]) -> KVBlocks:
     """tq_encode_store of each saved block's tokens (token by token, the cache-update kernel)."""
     layout, n = worker.layout, len(SAVED)
     out = KVBlocks(
-        torch.empty(LAYERS, n, BS, HEADS, layout.k_packed_dim, dtype=torch.uint8),
-        torch.empty(LAYERS, n, BS, HEADS, layout.v_packed_dim, dtype=torch.uint8),
-        torch.empty(LAYERS, n, BS, HEADS),
-        torch.empty(LAYERS, n, BS, HEADS),
+        torch.empty(LAYERS, n, BS, HEADS, layout.k_packed_dim, dtype=torch.uint8, device=DEVICE),
+        torch.empty(LAYERS, n, BS, HEADS, layout.v_packed_dim, dtype=torch.uint8, device=DEVICE),
+        torch.empty(LAYERS, n, BS, HEADS, device=DEVICE),
+        torch.empty(LAYERS, n, BS, HEADS, device=DEVICE),
     )
-    src = torch.tensor([b for b, _, _ in SAVED])
-    slots = torch.arange(n * BS)
+    src = torch.tensor([b for b, _, _ in SAVED], device=DEVICE)
+    slots = torch.arange(n * BS, device=DEVICE)
     for layer, cache in enumerate(caches.values()):
         k, v = (side[src].reshape(n * BS, HEADS, HEAD_DIM) for side in sides(cache))
         tq_encode_store(k, v, slots, out.k_packed[layer], out.k_norms[layer], out.v_packed[layer],
                         out.v_norms[layer], worker.codec.keys, worker.codec.values)  # fmt: skip
-    return out
+    return out.to("cpu")
 
 
 @pytest.mark.parametrize("preset,dtype", [("tq4", torch.bfloat16), ("k8v4", torch.float32)])
@@ -115,7 +118,7 @@ def test_loads_decode_each_stored_block_into_its_destination_only(preset, dtype)
             block = stored(worker, tier, slot)
             k = codec.keys.decode(block.k_packed[layer], block.k_norms[layer], torch.float64)
             v = codec.values.decode(block.v_packed[layer], block.v_norms[layer], torch.float64)
-            for got, want in ((k_side[dst], k[0]), (v_side[dst], v[0])):
+            for got, want in ((k_side[dst].cpu(), k[0]), (v_side[dst].cpu(), v[0])):
                 err = float((got.double() - want).norm() / want.norm())
                 assert err <= (1e-6 if dtype == torch.float32 else 8e-3), f"{name} block {dst}: {err}"
         untouched = [b for b in range(NB) if b not in LOADED_INTO]
