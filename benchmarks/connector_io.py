@@ -4,9 +4,10 @@ cache) through the connector's worker code path, against a plain bf16 block copy
     python benchmarks/connector_io.py                      # GPU: 1024 blocks × 32 layers × 8 KV heads × d128
     python benchmarks/connector_io.py --tiny               # CPU smoke: 64 blocks × 2 layers × 2 heads × d64
 
-Path measured: ConnectorWorker.finish_step (stores: gather the blocks from vLLM's cache, encode — the Triton
-tq_encode_store on CUDA —, write the VRAM pool, tag the slots) and ConnectorWorker.start_step (loads: check
-the slots' tags, read the pool, decode — tq_dequantize_blocks on CUDA — and scatter into vLLM's blocks).
+Path measured: ConnectorWorker.finish_step (stores: encode vLLM's blocks straight into their VRAM slots —
+tq_encode_blocks on CUDA, reading the cache in place —, checksum the slots, tag them) and
+ConnectorWorker.start_step (loads: check the slots' tags and checksums in place, decode — tq_dequantize_blocks
+with out_blocks on CUDA — straight into vLLM's blocks).
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
