@@ -3,7 +3,12 @@ learn its decisions only through the wire types of tiercache.wire; it imports no
 
 Provides:
     abstract.py     TierManagerBase (the verbs, as vLLM's OffloadingManager) and the Prepare*Output results
-    manager.py      TierManager: the one owner of block state (index, slots, jobs, events)
+    manager.py      TierManager: the one owner of block state (index, slots, jobs, events), made of:
+    core.py         ManagerCore: the state, and the primitives that change it (room plans, moves, drops)
+    loads.py        LoadVerbs: lookup, where, info, prepare_load, complete_load, touch, prefetch
+    stores.py       StoreVerbs: prepare_store (with the policy's admission control), complete/abort_store
+    transfers.py    TransferVerbs: take_jobs, complete_transfer, spill
+    remote_tier.py  RemoteVerbs: take_uploads, prepare_fetch, complete_fetch
     blocks.py       BlockIndex, BlockEntry: block hash → tier, slot, state; each tier's recency order
     recency.py      RecencyOrder: the one least-recently-used order (also the replay's LRU simulator's)
     allocator.py    SlotAllocator: slots as contiguous runs
