@@ -6,6 +6,8 @@ Commands:
     {"run": [prompt, ...]}   greedy generation, one request at a time → {"tokens", "cached", "new_hashes"
                              (hex of the blocks the manager gained), "ids", "counters" (the scheduler's
                              and inspection's remote_* counters), "remote_up"}
+    {"counters": true}       the counters and the store's state now, without running anything →
+                             {"counters", "remote_up"}
     {"flush": seconds}       wait for the remote write queue → {"flushed", "writer"}
     {"explain": request_id}  inspection's explain_request → {"summary", "blocks": [(outcome, tier), ...]}
     {"events": "text"}       reasons of the scheduler's recent events containing text → {"reasons"}
@@ -20,6 +22,7 @@ process with its own local tiers, which is also the deployment the remote tier e
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -29,8 +32,17 @@ RESULT_PREFIX = "RESULT "
 def main(model: str, config: dict) -> None:
     from helpers import engine, generate, scheduler_side, tokens, worker_side
 
+    log = logging.getLogger("tiercache")  # its remote-store lines (down, up, why) into this engine's log
+    log.setLevel(logging.INFO)
+    log.addHandler(logging.StreamHandler(sys.stderr))
+
     with engine(Path(model), config) as llm:
         sched = scheduler_side(llm)
+
+        def state() -> dict:
+            remote = {k: v for k, v in sched.inspection.counters.items() if k.startswith("remote_")}
+            return {"counters": {**sched.counters, **remote}, "remote_up": sched.remote.up}
+
         answer({"ready": True})
         for line in sys.stdin:
             cmd = json.loads(line)
@@ -39,10 +51,10 @@ def main(model: str, config: dict) -> None:
                 outs = generate(llm, cmd["run"])
                 new = [h.hex() for h in sched.manager.view().hashes() if h not in seen]
                 cached = [o.num_cached_tokens for o in outs]
-                remote = {k: v for k, v in sched.inspection.counters.items() if k.startswith("remote_")}
-                state = {"counters": {**sched.counters, **remote}, "remote_up": sched.remote.up}
                 ids = [o.request_id for o in outs]
-                answer({"tokens": tokens(outs), "cached": cached, "new_hashes": new, "ids": ids, **state})
+                answer({"tokens": tokens(outs), "cached": cached, "new_hashes": new, "ids": ids, **state()})
+            elif "counters" in cmd:
+                answer(state())
             elif "flush" in cmd:
                 writer = worker_side().remote.writer
                 flushed = writer.flush(cmd["flush"])

@@ -8,7 +8,8 @@ with the first:
     served      the five blocks come from the remote tier; greedy tokens equal recomputing
     other codec engine C (k8v4) asks the same prompt: other keys, a miss
     corrupted   their stored values have a flipped payload byte: checksum mismatch, a refused load, recomputed
-    store down  redis-server stopped: the lookup finds nothing, B recomputes and keeps serving
+    store down  redis-server killed while B runs: B's lookups find nothing, B recomputes (same tokens) and
+                keeps serving; the server comes back on the same port with its snapshot: B's hits resume
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,12 +148,36 @@ def test_corrupted_remote_values_are_misses_with_the_same_tokens(engine_b, engin
     assert len(reasons) == PREFIX_BLOCKS and all("checksum mismatch" in r for r in reasons), reasons
 
 
-def test_store_stopped_is_a_miss_and_the_engine_keeps_serving(engine_b, baseline, redis_server):
-    redis_server.stop()
+def test_store_killed_mid_run_is_a_miss_and_hits_resume_when_it_is_back(engine_b, baseline, redis_server):
+    """redis-server is killed (SIGKILL) between B's requests: B recomputes with the reference's tokens and
+    keeps answering, with no remote hit. It comes back on the same port with the snapshot taken before the
+    kill (A's values): once the store's reconnect interval (1 s) has passed, B's next local miss is served
+    from the remote tier again, and B's writes go through again. (Fillers push B's copies of the prompt's
+    blocks out of DRAM; copies that VRAM keeps stay local hits, so "some from remote" is what is asserted.)"""
+    prompt = SHARED["remote_down"][1]  # its 5 first blocks are A's; B has never computed them
+    redis_server.command(b"SAVE")
+    before = engine_b.ask(counters=True)["counters"]
+    redis_server.kill()
     try:
-        for prompt in (SHARED["remote_down"][1], SHARED["remote"][0]):
-            got = engine_b.ask(run=[prompt])
-            assert got["tokens"] == [baseline[prompt]] and got["cached"] == [0]
-            assert not got["remote_up"]
+        got = engine_b.ask(run=[prompt, SHARED["remote"][0]])
+        assert got["tokens"] == [baseline[prompt], baseline[SHARED["remote"][0]]]
+        assert got["cached"][0] == 0 and not got["remote_up"]
+        for name in ("remote_found", "remote_fetched"):
+            assert got["counters"].get(name, 0) == before.get(name, 0), name
+        # B keeps answering; fillers push its copies of the prompt's blocks out of DRAM (their uploads fail)
+        assert len(engine_b.ask(run=FILLERS[:4])["tokens"]) == 4
+        writer = engine_b.ask(flush=10)["writer"]
+        assert writer.get("write_failures", 0) > 0
     finally:
         redis_server.start()
+    time.sleep(1.2)  # the stores retry at most once a second
+    before = engine_b.ask(counters=True)["counters"]
+    got = engine_b.ask(run=[prompt])  # the first request after the store is back: served from it
+    assert got["tokens"] == [baseline[prompt]] and got["remote_up"]
+    assert got["cached"] == [PREFIX_BLOCKS * BLOCK]
+    tiers = [tier for _, tier in engine_b.ask(explain=got["ids"][0])["blocks"][:PREFIX_BLOCKS]]
+    fetched = got["counters"].get("remote_fetched", 0) - before.get("remote_fetched", 0)
+    assert fetched >= 1 and tiers.count("remote") == fetched, (fetched, tiers)
+    engine_b.ask(run=[FILLERS[4]])  # its DRAM drops go up
+    after = engine_b.ask(flush=10)["writer"]
+    assert after["written"] > writer.get("written", 0), after  # writes go through again

@@ -1,8 +1,10 @@
 """The remote tier's store path against a real redis-server: byte-exact round trips, misses with reasons for
-corrupted values and codec mismatches, the store stopped and restarted, the bounded write-behind queue."""
+corrupted values and codec mismatches, the store stopped and restarted (a call meeting another thread's
+reconnect waits for it), the bounded write-behind queue."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -122,6 +124,33 @@ def test_store_stopped_is_a_miss_then_reconnects(redis_server):
         assert s.stats()["connects"] == 2 and s.stats()["failures"] >= 1
     finally:
         writer.close()
+        s.close()
+
+
+def test_a_call_during_another_threads_reconnect_waits_for_it(redis_server, monkeypatch):
+    """The store comes back while it is marked down; one thread reconnects (slowly, here), and a lookup from
+    another thread meanwhile waits for that reconnect and is answered, instead of being told "down"."""
+    ns, keys, data = namespace(model="race"), hashes(2, salt=60), rows(2, seed=60)
+    s = store(redis_server.url, ns, timeout=2.0, reconnect_interval=0.0)
+    try:
+        assert s.put(keys, _values(ns, keys, data)) is None
+        s._mark_down(s._adapter, "test: marked down")
+        assert not s.up
+        real_connect = s._connect
+
+        def slow_connect() -> None:
+            time.sleep(0.3)
+            real_connect()
+
+        monkeypatch.setattr(s, "_connect", slow_connect)
+        reconnecting = threading.Thread(target=s.exists, args=(keys,))
+        reconnecting.start()
+        time.sleep(0.1)  # the other thread is inside its reconnect now
+        answer = s.exists(keys)
+        reconnecting.join()
+        assert answer.reason is None and answer.found == (True, True), answer
+        assert s.stats()["connects"] == 2
+    finally:
         s.close()
 
 

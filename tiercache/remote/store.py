@@ -73,6 +73,7 @@ class RemoteStore:
         self._abandoned: list[Any] = []  # buffers of timed-out calls on the current adapter
         self._reason: str | None = "not connected yet"
         self._retry_at = 0.0
+        self._attempt: threading.Event | None = None  # the reconnect in flight (set when it is done)
         self._lock = threading.Lock()  # the adapter, its state and the counters
         self._put_lock = threading.Lock()  # store completions are popped all at once: one putter
         self._stats: Counter[str] = Counter()
@@ -189,14 +190,30 @@ class RemoteStore:
             time.sleep(_POLL)
 
     def _usable(self) -> Any:
-        """The adapter when up; when down, one reconnect attempt per reconnect_interval."""
+        """The adapter when up; when down, one reconnect attempt per reconnect_interval. A caller that meets
+        another thread's reconnect in flight waits for it (at most the timeout) and takes its outcome: the
+        first call after the store is back is served, not told "down"."""
         if self._reason is None:
             return self._adapter
         with self._lock:
-            if self._reason is None or self._reason == "closed" or self.clock() < self._retry_at:
+            attempt, mine = self._attempt, False
+            if self._reason is None or self._reason == "closed":
                 return self._adapter if self._reason is None else None
-            self._retry_at = self.clock() + self.reconnect_interval
-        self._connect()
+            if attempt is None:
+                if self.clock() < self._retry_at:
+                    return None
+                self._retry_at = self.clock() + self.reconnect_interval
+                attempt = self._attempt = threading.Event()
+                mine = True
+        if mine:
+            try:
+                self._connect()
+            finally:
+                with self._lock:
+                    self._attempt = None
+                attempt.set()
+        else:
+            attempt.wait(self.config.timeout)
         return self._adapter if self._reason is None else None
 
     def _connect(self) -> None:
