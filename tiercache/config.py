@@ -17,6 +17,7 @@ Provides:
 Shape (every key optional; see examples/tiers.yaml):
     codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, k8v4u, none) or {keys: 8, values: 4}
                              # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
+                             # (+ exact_layers: [0, 1, -2, -1]: primary mode keeps these layers exact)
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
     tiers.remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256}   # optional
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
@@ -131,14 +132,17 @@ class TierCacheConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data (msgpack/YAML-able) that from_dict reads back to an equal config."""
         spec = self.codec
-        codec: Any = spec.name if spec.name in PRESETS and (spec.seed, spec.rotation) == (0, "haar") else {
+        plain = spec.name in PRESETS and (spec.seed, spec.rotation, spec.exact_layers) == (0, "haar", ())
+        codec: Any = spec.name if plain else {
             "keys": spec.key_bits or "none", "values": spec.value_bits or "none",
             "seed": spec.seed, "rotation": spec.rotation,
         }  # fmt: skip
-        if isinstance(codec, dict):  # codebooks only when not the default, so older readers still parse it
+        if isinstance(codec, dict):  # optional keys only when set, so older readers still parse it
             for side, book in (("key", spec.key_codebook), ("value", spec.value_codebook)):
                 if book != "lloyd":
                     codec[f"{side}_codebook"] = book
+            if spec.exact_layers:
+                codec["exact_layers"] = list(spec.exact_layers)
         return {
             "codec": codec,
             "tiers": {

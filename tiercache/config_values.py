@@ -9,7 +9,8 @@ Provides:
                                            max_stale ≥ advisor_interval
     socket_value(raw, source) -> str       inspect.socket
     inspect_values(section, source) -> dict   InspectConfig's fields (socket, recent_requests, …)
-    codec_spec(raw, source) -> KVCodecSpec codec: a preset or {keys, values, seed, rotation, *_codebook}
+    codec_spec(raw, source) -> KVCodecSpec codec: a preset or {keys, values, seed, rotation, *_codebook,
+                                           exact_layers}
     DEFAULT_CODEC, POLICIES, ROTATIONS, KEYS (the valid keys of each section)
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from tiercache.codecs import CODEBOOKS, PRESETS, KVCodecSpec
+from tiercache.codecs import CODEBOOKS, EXACT_LAYERS_BOUND, PRESETS, KVCodecSpec
 from tiercache.errors import ConfigError, shown
 from tiercache.units import DURATION_FORMS, Size, parse_duration, parse_size
 
@@ -28,9 +29,13 @@ POLICIES = ("graph", "lru")
 ROTATIONS = ("haar", "hadamard")
 _CODEC_FORMS = (
     f"a preset ({', '.join(PRESETS)}) or a mapping such as {{keys: 8, values: 4}} "
-    f"(optionally key_codebook / value_codebook: {' or '.join(CODEBOOKS)})"
+    f"(optionally key_codebook / value_codebook: {' or '.join(CODEBOOKS)}; exact_layers: [0, 1, -2, -1])"
 )
-_CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_codebook")
+_CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_codebook", "exact_layers")
+_EXACT_FORMS = (
+    "a list of distinct layer indices such as [0, 1, -2, -1] (negative: counted from the last layer, -1 the "
+    "last), or [] for none"
+)
 _BITS_FORMS = 'an integer 1..8, or "none" for lossless'
 KEYS = {
     "": ("codec", "tiers", "eviction", "inspect"),
@@ -190,7 +195,33 @@ def codec_spec(raw: Any, source: str) -> KVCodecSpec:
         seed=seed,
         rotation=_choice("codec.rotation", raw.get("rotation", "haar"), ROTATIONS, source),
         **codebooks,
+        exact_layers=_exact_layers(raw.get("exact_layers"), key_bits, value_bits, source),
     )
+
+
+def _exact_layers(raw: Any, key_bits: int | None, value_bits: int | None, source: str) -> tuple[int, ...]:
+    """codec.exact_layers: primary mode's layers kept exact (model-dtype pages), checked without the model."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ConfigError(f"codec.exact_layers: got {shown(raw)} ({source}); expected {_EXACT_FORMS}")
+    for index in raw:
+        bound = EXACT_LAYERS_BOUND
+        if isinstance(index, bool) or not isinstance(index, int) or not -bound <= index < bound:
+            raise ConfigError(
+                f"codec.exact_layers: got {shown(index)} in {shown(raw)} ({source}); expected {_EXACT_FORMS}"
+            )
+    for index in raw:
+        if raw.count(index) > 1:
+            raise ConfigError(
+                f"codec.exact_layers: layer {index} is listed twice in {shown(raw)} ({source}); list it once"
+            )
+    if raw and (key_bits is None or value_bits is None):
+        raise ConfigError(
+            f"codec.exact_layers: got {shown(raw)} ({source}) but codec.keys or codec.values is lossless "
+            "(none), which is exact already; give both a bit width or drop codec.exact_layers"
+        )
+    return tuple(raw)
 
 
 def _bits(key: str, raw: Any, source: str) -> int | None:

@@ -2,7 +2,9 @@
 (tiercache.pages), written and attended by our kernels (tiercache.worker.paged_attention).
 
 Provides (vLLM is imported by the modules that need it):
-    selection.py    whether this process serves primary mode, with which codec; version checks
+    selection.py    whether this process serves primary mode, with which codec
+    cache_dtypes.py what each vLLM's --kv-cache-dtype gives primary mode (0.26: the page; ≥ 0.32: a marker)
+    exact_layers.py the layers kept exact (codec.exact_layers) and vLLM's flags that give them dense pages
     backend.py      TierCacheAttentionBackend (registered as CUSTOM: GPUs) and TierCacheCPUAttentionBackend
                     (registered over CPU_ATTN: the CPU platform ignores the selection and always asks for
                     CPU_ATTN; it serves primary mode when CUSTOM was selected, vLLM's own CPU attention

@@ -10,6 +10,9 @@ Provides:
 kv_cache: the layer's view vLLM hands the backend, [num_blocks, H, block_size, token_head_bytes] uint8 in
 any layout whose blocks are contiguous (the backend's customize_spec sized it). query/output [T, Hq, D] (T
 padded); key/value [T, H, D] (strided views of the fused projection are fine).
+An exact layer (codec.exact_layers; vLLM builds it with kv_cache_dtype "auto" while the others have a one-byte
+dtype, connectors/attention/exact_layers.py) gets vLLM's dense page, [num_blocks, H, block_size, 2·D] in the
+model dtype, and is served by tiercache.worker.exact_attention: the same metadata, no quantization.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from tiercache.pages import PageFormat, as_pages
+from tiercache.worker.exact_attention import ExactPagedAttention
 from tiercache.worker.paged_attention import PagedAttention
 
+from .cache_dtypes import check_fit, sizes_pages
 from .metadata import PrimaryMetadata
-from .selection import check_fit, current, sizes_pages
+from .selection import current
 
 
 class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
@@ -56,9 +61,12 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.spec = decision.config.codec
-        if not sizes_pages():  # vLLM 0.26: the page is what --kv-cache-dtype gives
+        # vLLM gives the layers it skips (exact_layers.resolve checked they are the exact ones) dtype "auto"
+        self.exact = bool(decision.exact_layers) and kv_cache_dtype == "auto"
+        self._exact = ExactPagedAttention(num_heads, self.num_kv_heads, head_size, self.scale)
+        if not sizes_pages() and not self.exact:  # vLLM 0.26: the page is what --kv-cache-dtype gives
             check_fit(self.spec, kv_cache_dtype, head_size, decision.model_dtype)
-        self.codec = _codec(self.spec, head_size, decision.model_dtype)
+        self.codec = None if self.exact else _codec(self.spec, head_size, decision.model_dtype)
         self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
 
     def attention(self, block_size: int) -> PagedAttention:
@@ -69,12 +77,19 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             )
         return self._attention
 
+    def layer_attention(self, kv_cache: torch.Tensor):
+        """(attention, the cache as it reads it): exact pages as they are, TurboQuant pages as byte rows."""
+        if self.exact:
+            return self._exact, kv_cache
+        attention = self.attention(kv_cache.shape[2])
+        return attention, as_pages(kv_cache, attention.format.page_bytes)
+
     def do_kv_cache_update(
         self, layer, key, value, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
-        attention = self.attention(kv_cache.shape[2])
+        attention, pages = self.layer_attention(kv_cache)
         n = slot_mapping.shape[0]
-        attention.write(as_pages(kv_cache, attention.format.page_bytes), key[:n], value[:n], slot_mapping)
+        attention.write(pages, key[:n], value[:n], slot_mapping)
 
     def forward(
         self,
@@ -93,17 +108,19 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
         if attn_metadata is None:  # profiling and warm-up runs
             return output
         m = attn_metadata
-        attention = self.attention(kv_cache.shape[2])
-        pages = as_pages(kv_cache, attention.format.page_bytes)
+        attention, pages = self.layer_attention(kv_cache)
         q = query.view(-1, self.num_heads, self.head_size)
         out = output.view(-1, self.num_heads, self.head_size)
+        flash = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+        varlen = _flash_varlen(self.head_size) if flash else None  # else SDPA per sequence
         nd = m.num_decodes
-        if nd:
+        if nd and self.exact:
+            attention.decode(pages, q[:nd], m.block_table[:nd], m.decode_seq_lens, out[:nd], varlen=varlen,
+                             query_start_loc=m.query_start_loc[: nd + 1])  # fmt: skip
+        elif nd:
             attention.decode(pages, q[:nd], m.block_table[:nd], m.decode_seq_lens, out[:nd])
         if nd < m.seq_lens.shape[0]:
             starts = m.query_start_loc_cpu[nd:] - m.query_start_loc_cpu[nd]
-            flash = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
-            varlen = _flash_varlen(self.head_size) if flash else None  # else SDPA per sequence
             attention.prefill(
                 pages, q[nd : m.num_tokens], starts, m.seq_lens_cpu[nd:], m.block_table[nd:],
                 out[nd : m.num_tokens], varlen=varlen, seq_lens_device=m.seq_lens[nd:],

@@ -67,21 +67,23 @@ def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = Fa
         distributed_executor_backend="mp" if multiprocess else "uni", max_model_len=1024, max_num_seqs=4,
         seed=0, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config,
     )  # fmt: skip
-    llm = LLM(**{**kwargs, **llm_kwargs})
     try:
-        yield llm
-    finally:
+        llm = LLM(**{**kwargs, **llm_kwargs})
         try:
-            llm.llm_engine.engine_core.shutdown()
+            yield llm
         finally:
-            ensure_kv_transfer_shutdown()
-            del llm
-            gc.collect()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            finally:
+                ensure_kv_transfer_shutdown()
+                del llm
+                gc.collect()
+    finally:  # an engine that fails to start restores the environment too
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def generate(llm, prompts: list[str], max_tokens: int = MAX_TOKENS):

@@ -10,7 +10,7 @@ from pathlib import Path
 VOCAB_WORDS = 400
 
 
-def build_tiny_llama(out: Path, head_dim: int = 64) -> Path:
+def build_tiny_llama(out: Path, head_dim: int = 64, num_layers: int = 2) -> Path:
     """Write the model and tokenizer to `out` (idempotent) and return it (hidden size 2 · head_dim)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -31,7 +31,7 @@ def build_tiny_llama(out: Path, head_dim: int = 64) -> Path:
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=2 * head_dim,
         intermediate_size=4 * head_dim,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,

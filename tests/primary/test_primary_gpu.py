@@ -1,6 +1,7 @@
 """Primary mode on a GPU (skipped without CUDA): the tiny Llama at head_dim 128 served with
 --attention-backend CUSTOM on vLLM's CUDA path (on vLLM 0.26 the page comes from --kv-cache-dtype), float32
-so that greedy tokens compare exactly with the plain-PyTorch reference of the same quantization."""
+so that greedy tokens compare exactly with the plain-PyTorch reference of the same quantization; and with
+layers 0 and 3 of a 4-layer one kept exact (codec.exact_layers, vLLM's --kv-cache-dtype-skip-layers)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PROMPTS = [words_prompt(100 * i, n) for i, n in enumerate((10, 33, 70, 150, 300)
 def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, legacy_dtype, eager):
     """eager=False: vLLM's default compilation: decode steps replay full CUDA graphs; the five prompts go
     together, so the batch of five is padded to a captured size (padded rows: no query, sequence length 0)."""
-    from tiercache.connectors.attention.selection import sizes_pages
+    from tiercache.connectors.attention.cache_dtypes import sizes_pages
 
     model = build_tiny_llama(tmp_path / "tiny128", head_dim=128)
     (tmp_path / "tc.yaml").write_text(f"codec: {preset}\n")
@@ -43,5 +44,30 @@ def test_gpu_greedy_tokens_equal_the_reference(tmp_path, monkeypatch, preset, le
         else:
             outs = llm.generate(PROMPTS, params, use_tqdm=False)
     ref = reference.load(model, preset)
+    expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in outs]
+    assert [list(o.outputs[0].token_ids) for o in outs] == expect
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "cuda-graphs"])
+def test_gpu_exact_boundary_layers_equal_the_reference(tmp_path, monkeypatch, eager):
+    """Layers 0 and 3 in float32 pages (exact), 1 and 2 in K4V4 pages; with CUDA graphs the exact layers'
+    writes and decodes are captured too (the five prompts decode as one padded batch)."""
+    import torch
+
+    from tiercache.config import TierCacheConfig
+    from tiercache.connectors.attention.exact_layers import cache_args
+
+    model = build_tiny_llama(tmp_path / "tiny128x4", head_dim=128, num_layers=4)
+    (tmp_path / "tc.yaml").write_text("codec: {keys: 4, values: 4, exact_layers: [0, -1]}\n")
+    monkeypatch.setenv("TIERCACHE_CONFIG", str(tmp_path / "tc.yaml"))
+    cache = cache_args(TierCacheConfig.load().codec, 4, 128, torch.float32)
+    options = dict(attention_config={"backend": "CUSTOM"}, gpu_memory_utilization=0.3, enforce_eager=eager)
+    with engine(model, None, **options, **cache) as llm:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    ref = reference.load(model, "tq4", (0, 3))
     expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in outs]
     assert [list(o.outputs[0].token_ids) for o in outs] == expect

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tiercache.codecs import KVCodecSpec
-from tiercache.connectors.attention.selection import check_fit, legacy_page
+from tiercache.connectors.attention.cache_dtypes import check_fit, legacy_page
 from tiercache.errors import ConfigError
 
 

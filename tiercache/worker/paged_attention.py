@@ -13,6 +13,8 @@ Provides:
                                                     (a paged varlen kernel, e.g. FlashAttention's) or, without
                                                     one, SDPA per sequence (grouped-query)
     workspace(query, block_table) -> DecodeWorkspace   decode scratch, reserved up front (CUDA graphs)
+    causal_attention(q, k, v, scale) -> out     one sequence's last len(q) tokens over its keys (SDPA, GQA)
+    VarlenAttention                             the `varlen` contract (below)
 
 Shapes (one layer): pages [NB, page_bytes] uint8; key, value [T, H, D]; query, out [T, Hq, D] (prefill) or
 [B, Hq, D] (decode); block_table [S, max_blocks] int32; seq_lens [S] (tokens of each sequence, this step's
@@ -105,7 +107,7 @@ class PagedAttention:
             first, last = starts[i], starts[i + 1]
             if last > first:
                 keys, values = self._gather(views, block_table[i], length, query.dtype)
-                out[first:last] = self._attend(query[first:last], keys, values)
+                out[first:last] = causal_attention(query[first:last], keys, values, self.scale)
         return out
 
     def _prefill_varlen(self, views: PageViews, query, query_start_loc, seq_lens, block_table, out, varlen,
@@ -144,15 +146,15 @@ class PagedAttention:
             out.append(x.view(-1, h, codec.head_dim)[:length])
         return out
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [Lq, Hq, D] are the last Lq of the sequence's len(k) tokens; causal over k, v [L, H, D]."""
-        lq, length = q.shape[0], k.shape[0]
-        allowed = (
-            torch.arange(length, device=q.device)
-            <= torch.arange(length - lq, length, device=q.device)[:, None]
-        )
-        attended = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=allowed, scale=self.scale,
-            enable_gqa=True,
-        )  # fmt: skip
-        return attended.transpose(0, 1)
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [Lq, Hq, D] are the last Lq of the sequence's len(k) tokens; causal over k, v [L, H, D] (GQA)."""
+    lq, length = q.shape[0], k.shape[0]
+    allowed = (
+        torch.arange(length, device=q.device) <= torch.arange(length - lq, length, device=q.device)[:, None]
+    )
+    attended = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=allowed, scale=scale,
+        enable_gqa=True,
+    )  # fmt: skip
+    return attended.transpose(0, 1)
