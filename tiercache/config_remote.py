@@ -40,7 +40,8 @@ _EXAMPLE = "{url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_block
 class RemoteConfig:
     url: str | None = None  # redis://[user[:password]@]host[:port]; valkey:// the same
     adapter: dict[str, Any] = field(default_factory=dict)  # LMCache L2 adapter settings, {type: …, …}
-    timeout: float = 0.05  # seconds: a lookup, get or put slower than this is a miss / a failed write
+    timeout: float = 0.05  # seconds: a lookup, a put batch or a get call (≤ 16 MiB of values) slower than
+    # this is a miss / a failed write
     write: str = "all"
     queue_blocks: int = 256  # the write-behind queue's bound: blocks waiting for the store; more are dropped
 

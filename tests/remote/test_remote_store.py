@@ -49,6 +49,23 @@ def test_put_then_read_back_byte_exact(redis_server, n):
         s.close()
 
 
+def test_a_get_larger_than_one_call_is_split_and_stays_in_order(redis_server):
+    """max_call_bytes of two values: 7 blocks come back in 4 calls, each value byte-exact and in the order
+    asked."""
+    ns, keys, data = namespace(model="split"), hashes(7, salt=70), rows(7, seed=70)
+    s = store(redis_server.url, ns, max_call_bytes=2 * ns.value_bytes + 1)
+    try:
+        assert s.put(keys, _values(ns, keys, data)) is None
+        order = [6, 0, 4, 3, 1, 2, 5]
+        values, reasons = s.get([keys[i] for i in order])
+        assert reasons == [None] * 7 and s.per_call == 2
+        for i, value in zip(order, values, strict=True):
+            assert torch.equal(value, _values(ns, [keys[i]], data[i : i + 1])[0]), i
+        assert s.stats()["gets"] == 7 and s.stats().get("get_failures", 0) == 0
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("where", ["payload start", "payload end", "header checksum"])
 def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
     ns, keys, data = namespace(), hashes(2, salt=20), rows(2, seed=20)

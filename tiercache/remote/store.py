@@ -1,11 +1,12 @@
 """Synchronous, bounded-time calls to a remote store through one LMCache L2 adapter; failure is a value.
 
 Provides:
-    RemoteStore(config, namespace, reconnect_interval=1.0)
+    RemoteStore(config, namespace, reconnect_interval=1.0, max_call_bytes=MAX_CALL_BYTES)
         exists(hashes) -> RemoteAnswer      which blocks the store holds (one batched call + the health key)
         get(hashes) -> list[torch.Tensor | None], list[str | None]   values ([value_bytes] uint8) or why not;
                                             only for blocks exists() found (LMCache's RESP client never
-                                            completes a GET of a missing key: it times out here)
+                                            completes a GET of a missing key: it times out here); in calls of
+                                            at most max_call_bytes of values each
         put(hashes, values) -> str | None   store values (encode_value's); None when stored, else why not
         up, reason, stats() -> dict[str, int | str]
         close()
@@ -18,10 +19,13 @@ native RESP client, Mooncake, S3, file systems, NIXL) and the one third parties 
 tiers.remote.adapter → any registered type) keeps every one of them open to users; the RemoteConnector is
 the legacy, asyncio-bound engine path, and LMCacheRedisClient alone would tie the tier to Redis.
 
-Every call waits at most config.timeout. A timeout, a failed batch, or the health key missing from a lookup
-(the store was restarted, flushed or is unreachable: LMCache's lookups answer "not found" then) marks the
-store down: calls return at once with the reason (a miss, or a failed write) and, at most every
-reconnect_interval, one call builds a fresh adapter and writes the health key; success brings it back up.
+Every call waits at most config.timeout; a get moves at most max_call_bytes of values per call (16 MiB: an
+8K-token prefix of an 8B model is ~420 MB, more than any timeout of tens of milliseconds could cover in one
+call, while 16 MiB needs only ~0.3 GB/s within the 50 ms default). A timeout, a failed batch, or the health
+key missing from a lookup (the store was restarted, flushed or is unreachable: LMCache's lookups answer "not
+found" then) marks the store down: calls return at once with the reason (a miss, or a failed write) and, at
+most every reconnect_interval, one call builds a fresh adapter and writes the health key; success brings it
+back up.
 Buffers of a timed-out call stay referenced until their adapter is closed (the native client may still
 write them). Thread-safe; put is called from one thread at a time.
 """
@@ -46,6 +50,7 @@ from tiercache.remote.format import RemoteNamespace
 logger = logging.getLogger(__name__)
 _HEALTH_HASH = b"tiercache-health"
 _POLL = 0.0002  # seconds between polls of a pending LMCache task
+MAX_CALL_BYTES = 16 * 2**20  # values per get call: config.timeout bounds one such call
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,10 @@ class RemoteStore:
         *,
         reconnect_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_call_bytes: int = MAX_CALL_BYTES,
     ) -> None:
         self.config = config
+        self.per_call = max(1, max_call_bytes // namespace.value_bytes)  # values per get call
         self.namespace = namespace
         self.reconnect_interval = reconnect_interval
         self.clock = clock
@@ -122,6 +129,32 @@ class RemoteStore:
         return RemoteAnswer(found)
 
     def get(self, hashes: Sequence[bytes]) -> tuple[list[torch.Tensor | None], list[str | None]]:
+        values: list[torch.Tensor | None] = []
+        reasons: list[str | None] = []
+        for start in range(0, len(hashes), self.per_call):
+            got, why = self._get(hashes[start : start + self.per_call])
+            values += got
+            reasons += why
+        return values, reasons
+
+    def put(self, hashes: Sequence[bytes], values: Sequence[torch.Tensor]) -> str | None:
+        with self._put_lock:
+            adapter = self._usable()
+            if adapter is None:
+                self._count(put_failures=len(hashes))
+                return f"remote store down: {self._reason}"
+            reason = self._put(adapter, [self._key(h) for h in hashes], values)
+            if reason is not None:
+                self._count(put_failures=len(hashes))
+                self._mark_down(adapter, reason)
+                return reason
+            self._count(puts=len(hashes))
+            return None
+
+    # ------------------------------------------------------------------ internals
+    def _get(self, hashes: Sequence[bytes]) -> tuple[list[torch.Tensor | None], list[str | None]]:
+        """One call of get (at most per_call values); after a timeout the store is down and the rest of a
+        get returns at once."""
         n = len(hashes)
         adapter = self._usable()
         if adapter is None:
@@ -141,21 +174,6 @@ class RemoteStore:
             [None if o else "not loaded (missing, or a value of another size)" for o in ok],
         )
 
-    def put(self, hashes: Sequence[bytes], values: Sequence[torch.Tensor]) -> str | None:
-        with self._put_lock:
-            adapter = self._usable()
-            if adapter is None:
-                self._count(put_failures=len(hashes))
-                return f"remote store down: {self._reason}"
-            reason = self._put(adapter, [self._key(h) for h in hashes], values)
-            if reason is not None:
-                self._count(put_failures=len(hashes))
-                self._mark_down(adapter, reason)
-                return reason
-            self._count(puts=len(hashes))
-            return None
-
-    # ------------------------------------------------------------------ internals
     @property
     def _ms(self) -> str:
         return f"{self.config.timeout * 1000:g} ms"
