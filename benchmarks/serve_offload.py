@@ -85,7 +85,7 @@ def run_child(engine: str, args: argparse.Namespace) -> dict | str:
 
 def engines(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(case, engine, baseline engine) rows; engine = kind:host_gib:policy."""
-    rows = [("-", "prefix:0:-", "")]
+    rows = [] if args.no_prefix else [("-", "prefix:0:-", "")]
     for case in args.cases.split(","):
         gib = {"fits": args.fits_gib, "tight": args.tight_gib, "pressure": args.pressure_gib}[case]
         native = f"native:{gib * K8V4_SHRINK if case == 'pressure' else gib:g}:-"
@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--fits-gib", type=float, default=20.0)
     parser.add_argument("--tight-gib", type=float, default=8.0)
     parser.add_argument("--pressure-gib", type=float, default=4.0)
+    parser.add_argument("--no-prefix", action="store_true", help="leave out the prefix-caching-only engine")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
