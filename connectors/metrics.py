@@ -29,7 +29,8 @@ Prometheus names (counters end in _total when exported):
                                                 (tiercache.scheduler.events.CAUSES)
     vllm:tiercache_remote_blocks{event}         the remote tier: lookups (blocks asked), found, fetched
                                                 (served), fetch_failures (refused loads), uploads
-                                                (planned writes of blocks dropped from DRAM)
+                                                (planned writes of blocks dropped from DRAM), written,
+                                                dropped_full (write queue full), write_failures
     vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges
 """
 
@@ -58,7 +59,10 @@ METRICS = {
     "evictions": "Blocks evicted, by the policy that chose them and the action (spill, drop).",
     "declined_blocks": "New blocks not stored by the policy's admission control, by policy.",
     "failures": "Loads, stores and moves that did not happen, by cause.",
-    "remote_blocks": "Remote tier blocks by event (lookups, found, fetched, fetch_failures, uploads).",
+    "remote_blocks": (
+        "Remote tier blocks by event (lookups, found, fetched, fetch_failures, uploads, written, "
+        "dropped_full, write_failures)."
+    ),
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
     "capacity_blocks": "Slots of each tier.",
     "occupancy": "used_blocks / capacity_blocks, by tier.",
@@ -125,7 +129,7 @@ class TierCacheStats(KVConnectorStats):
         out["tiercache_evictions"] = sum(v for k, v in c.items() if k.startswith("evicted_"))
         out["tiercache_declined"] = sum(v for k, v in c.items() if k.startswith("declined_by_"))
         out["tiercache_failures"] = sum(v for k, v in c.items() if k.startswith("failures_"))
-        for event in ("fetched", "fetch_failures", "uploads"):
+        for event in ("fetched", "fetch_failures", "uploads", "written", "dropped_full", "write_failures"):
             if "remote_" + event in c:
                 out["tiercache_remote_" + event] = c["remote_" + event]
         for t in TIERS:

@@ -13,6 +13,7 @@ from tiercache.wire import (
     JobResult,
     LoadFailure,
     LoadItem,
+    RemoteCount,
     StepPlan,
     StepResult,
     StoreItem,
@@ -38,6 +39,7 @@ REPORT = WorkerReport(
     jobs=(JobResult(4, True, 2, 4096, 0.25), JobResult(5, False, 1, 0, 0.0, "injected")),
     errors=("rank 0: load refused",),
     io=(IoSample("load", 1, 2048, 1e-4), IoSample("store", 1, 2048, 2.5e-4)),
+    rank=1, remote=(RemoteCount("written", 30), RemoteCount("write_failures", 2)),
 )  # fmt: skip
 
 

@@ -14,8 +14,10 @@ Provides:
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
     IoSample                one rank's timed copy between vLLM's cache and the tiers: direction ("load" |
                             "store"), blocks, bytes, seconds
-    WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, and
-                            the rank (vLLM's global rank: 0 … world_size-1)
+    RemoteCount             one rank's remote-tier writes since its last report: event ("written" |
+                            "dropped_full" | "write_failures"), blocks
+    WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, the
+                            rank (vLLM's global rank: 0 … world_size-1), and its remote writes
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
 
 The scheduler side builds each item once from the manager's decisions; the worker side reads its fields. No
@@ -172,12 +174,19 @@ class IoSample:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteCount:
+    event: str  # "written" | "dropped_full" | "write_failures" (the write-behind queue's outcomes)
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerReport:
     steps: tuple[StepResult, ...] = ()
     jobs: tuple[JobResult, ...] = ()
     errors: tuple[str, ...] = ()
     io: tuple[IoSample, ...] = ()
     rank: int = 0
+    remote: tuple[RemoteCount, ...] = ()
 
 
 def encode(value: Any) -> bytes:

@@ -33,6 +33,8 @@ class ReportVerbs(SchedulerCore):
             for reason in report.errors:
                 logger.warning("tiercache: worker: %s", reason)
             counted = report.rank == 0
+            if counted and report.remote:  # every rank writes its shard of the same blocks: count once
+                self.inspection.record_remote(**{c.event: c.blocks for c in report.remote})
             for sample in report.io:
                 blocks = sample.blocks if counted else 0
                 self.inspection.record_io(sample.direction, blocks, sample.bytes, sample.seconds)

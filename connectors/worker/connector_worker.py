@@ -18,7 +18,8 @@ Provides:
                                              whatever did not complete is reported failed
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
         take_report() -> WorkerReport | None   step results (with why each refused load was refused),
-                                             finished jobs, timed loads and stores (IoSample), errors
+                                             finished jobs, timed loads and stores (IoSample), errors, the
+                                             remote writes since the last report
         shutdown()
 
 Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and decodes them on load;
@@ -230,9 +231,12 @@ class ConnectorWorker:
 
     def take_report(self) -> WorkerReport | None:
         io = tuple(self.timer.take()) if self.timer is not None else ()
-        if not (self._steps or self._jobs or self._errors or io):
+        remote = self.remote.take_counts() if self.remote is not None else ()
+        if not (self._steps or self._jobs or self._errors or io or remote):
             return None
-        report = WorkerReport(tuple(self._steps), tuple(self._jobs), tuple(self._errors), io, self.rank)
+        report = WorkerReport(
+            tuple(self._steps), tuple(self._jobs), tuple(self._errors), io, self.rank, remote
+        )
         self._steps, self._jobs, self._errors = [], [], []
         return report
 

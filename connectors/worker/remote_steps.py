@@ -8,6 +8,8 @@ Provides:
                                             returns how many were queued (a full queue drops and counts)
         fetch(items) -> dict[bytes, str]    fetch, verify (header: codec id, block hash, size; checksum) and
                                             write into DRAM the blocks; the blocks that were not, with why
+        take_counts() -> tuple[RemoteCount, ...]   the writer's outcomes (written, dropped_full,
+                                            write_failures) since the last call, for the worker's report
         stats() -> dict                     the writer's and the store's counters
         close(timeout)                      wait for queued writes (at most timeout), then stop
 
@@ -26,11 +28,12 @@ import torch
 from tiercache.config_remote import RemoteConfig
 from tiercache.remote.format import RemoteNamespace
 from tiercache.remote.store import open_store
-from tiercache.wire import RemoteItem
+from tiercache.wire import RemoteCount, RemoteItem
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
 from tiercache.worker.tier_worker import TierWorker
 
 logger = logging.getLogger(__name__)
+WRITE_EVENTS = ("written", "dropped_full", "write_failures")
 
 
 class RemoteSteps:
@@ -38,6 +41,7 @@ class RemoteSteps:
         self.tiers = tiers
         self.store = open_store(config, namespace)
         self.writer = RemoteWriter(self.store, config.queue_blocks)
+        self._reported = dict.fromkeys(WRITE_EVENTS, 0)  # the writer's totals at the last take_counts
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
@@ -78,6 +82,16 @@ class RemoteSteps:
         for block_hash, reason in failed.items():
             logger.info("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
         return failed
+
+    def take_counts(self) -> tuple[RemoteCount, ...]:
+        totals = self.writer.stats()
+        counts = []
+        for event in WRITE_EVENTS:
+            total = int(totals.get(event, 0))
+            if total > self._reported[event]:
+                counts.append(RemoteCount(event, total - self._reported[event]))
+                self._reported[event] = total
+        return tuple(counts)
 
     def stats(self) -> dict[str, int | str]:
         store = {f"store_{k}": v for k, v in self.store.stats().items()}

@@ -79,9 +79,10 @@ def engine_a(tiny_model, baseline, redis_server, tmp_path_factory):
         counters = a.ask(run=FILLERS)["counters"]
         flushed = a.ask(flush=60)
         assert flushed["flushed"]
+        later = a.ask(run=[SHARED[NAMES[0]][0]])["counters"]  # its step's report carries the writes
     finally:
         a.close()
-    return stored, counters, flushed["writer"]
+    return stored, counters, flushed["writer"], later
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +97,11 @@ def keys_of(server, block_hash: bytes) -> list[bytes]:
 
 
 def test_engine_a_writes_the_blocks_it_drops_from_dram(engine_a, redis_server):
-    stored, counters, writer = engine_a
+    stored, counters, writer, later = engine_a
     assert counters["remote_uploads"] >= 3 * (PREFIX_BLOCKS + 1)
     assert writer["written"] == counters["remote_uploads"] and writer.get("write_failures", 0) == 0
+    # the worker's write outcomes reach the scheduler's counters (inspection, vLLM's metrics)
+    assert later["remote_written"] >= writer["written"] and "remote_write_failures" not in later
     for name in NAMES:
         assert len(stored[name]) >= PREFIX_BLOCKS
         assert all(len(keys_of(redis_server, h)) == 1 for h in stored[name]), name
@@ -134,7 +137,7 @@ def test_an_engine_with_another_codec_never_reads_them(
 
 
 def test_corrupted_remote_values_are_misses_with_the_same_tokens(engine_b, engine_a, baseline, redis_server):
-    stored, _, _ = engine_a
+    stored = engine_a[0]
     for block_hash in stored["remote_corrupt"]:
         (key,) = keys_of(redis_server, block_hash)
         at = b"%d" % (int(redis_server.command(b"STRLEN", key)[1:].strip()) - 1)  # the payload's last byte
@@ -174,6 +177,7 @@ def test_store_killed_mid_run_is_a_miss_and_hits_resume_when_it_is_back(engine_b
     before = engine_b.ask(counters=True)["counters"]
     got = engine_b.ask(run=[prompt])  # the first request after the store is back: served from it
     assert got["tokens"] == [baseline[prompt]] and got["remote_up"]
+    assert got["counters"]["remote_write_failures"] >= writer["write_failures"]  # the failed uploads
     assert got["cached"] == [PREFIX_BLOCKS * BLOCK]
     tiers = [tier for _, tier in engine_b.ask(explain=got["ids"][0])["blocks"][:PREFIX_BLOCKS]]
     fetched = got["counters"].get("remote_fetched", 0) - before.get("remote_fetched", 0)

@@ -185,8 +185,9 @@ class InspectionState:
         c[k_us] += round(seconds * 1e6)
 
     def record_remote(self, **counts: int) -> None:
-        """The remote tier's block counts (lookups, found, fetched, fetch_failures, uploads) as counters
-        remote_<name>: present only once a remote tier counted something."""
+        """The remote tier's block counts (lookups, found, fetched, fetch_failures, uploads; the workers'
+        written, dropped_full, write_failures) as counters remote_<name>: present only once a remote tier
+        counted something."""
         for name, n in counts.items():
             if n:
                 self.counters["remote_" + name] = self.counters.get("remote_" + name, 0) + n
