@@ -66,6 +66,17 @@ def stored(worker: ConnectorWorker, tier: str, slot: int) -> KVBlocks:
     return pool.read([slot]).to("cpu")
 
 
+def load_back(worker: ConnectorWorker) -> None:
+    """One step loading every saved block into its LOADED_INTO block."""
+    loads = tuple(
+        LoadItem(h, tier, slot, dst)
+        for h, (_, tier, slot), dst in zip(hashes(), SAVED, LOADED_INTO, strict=True)
+    )
+    plan = StepPlan(1, loads=loads)
+    worker.start_step(plan)
+    worker.finish_step(plan)
+
+
 def expected_blocks(worker: ConnectorWorker, caches: dict[str, torch.Tensor]) -> KVBlocks:
     """tq_encode_store of each saved block's tokens (token by token, the cache-update kernel)."""
     layout, n = worker.layout, len(SAVED)
@@ -103,13 +114,7 @@ def test_stores_write_the_cache_update_kernels_bytes_and_their_checksums(preset,
 def test_loads_decode_each_stored_block_into_its_destination_only(preset, dtype):
     worker, caches = saved_worker(preset, dtype)
     before = {n: c.clone() for n, c in caches.items()}
-    loads = tuple(
-        LoadItem(h, tier, slot, dst)
-        for h, (_, tier, slot), dst in zip(hashes(), SAVED, LOADED_INTO, strict=True)
-    )
-    plan = StepPlan(1, loads=loads)
-    worker.start_step(plan)
-    worker.finish_step(plan)
+    load_back(worker)
     assert not worker.take_load_errors()
     codec = worker.codec
     for layer, (name, cache) in enumerate(caches.items()):
@@ -130,13 +135,7 @@ def test_a_block_changed_at_rest_is_refused_and_its_destination_kept():
     worker.tiers.vram.k_packed[1, 5, 3, 1, 7] ^= 0x10  # SAVED[0]: VRAM slot 5
     worker.tiers.dram.buffer[6, 11] ^= 0x01  # SAVED[4]: DRAM slot 6
     before = {n: c.clone() for n, c in caches.items()}
-    loads = tuple(
-        LoadItem(h, tier, slot, dst)
-        for h, (_, tier, slot), dst in zip(hashes(), SAVED, LOADED_INTO, strict=True)
-    )
-    plan = StepPlan(1, loads=loads)
-    worker.start_step(plan)
-    worker.finish_step(plan)
+    load_back(worker)
     assert worker.take_load_errors() == {LOADED_INTO[0], LOADED_INTO[4]}
     (step,) = [s for s in worker.take_report().steps if s.step == 1]
     assert step.loads_ok == (False, True, True, True, False)
