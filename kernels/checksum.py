@@ -18,7 +18,8 @@ changes S1 by d_i ≠ 0; changes at i and j leave S1 equal only if d_j = −d_i,
 happen to coincide (for random bytes, a 2^-64-scale event); the checksum is not a cryptographic MAC.
 The sums are sums, so the device computes them in any order and gets the same bits as the reference.
 
-Triton on CUDA (and under TRITON_INTERPRET=1); the PyTorch reference elsewhere. No host synchronisation.
+Triton on CUDA (and under TRITON_INTERPRET=1); elsewhere block_checksums_host (checksum_host.py: the
+reference's bits in two reductions). No host synchronisation.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from ._backend import HAVE_TRITON, next_pow2, use_triton
-from .reference import block_checksums_reference, piece_bytes
+from .checksum_host import block_checksums_host
+from .reference import piece_bytes
 
 MAX_WORDS = 2**32 - 1
 MAX_TILE = 1024  # words per program
@@ -59,7 +61,7 @@ def block_checksums(sections: Sequence[torch.Tensor], blocks: torch.Tensor | Non
     if total > MAX_WORDS:
         raise ValueError(f"block_checksums: a block of {total} words exceeds the {MAX_WORDS}-word bound")
     if n == 0 or not use_triton(*sections):
-        return block_checksums_reference(sections, blocks)
+        return block_checksums_host(sections, blocks)
     ids = sections[0] if blocks is None else blocks.to(device)  # any tensor when unused
     plans = []
     cols = 0

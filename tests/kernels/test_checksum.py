@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from tiercache.kernels import block_checksums
+from tiercache.kernels import block_checksums, block_checksums_host
 from tiercache.kernels.reference import block_checksums_reference
 
 MASK = 2**64 - 1
@@ -55,6 +55,15 @@ def test_kernel_equals_reference_and_definition(layout):
     assert as_unsigned(got) == [definition(sections, b) for b in range(5)]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_host_path_equals_reference(layout):
+    """The CPU path (two reductions per section) gives the reference's bits: all blocks, listed blocks."""
+    sections = blocks_of(layout, 6, seed=sum(layout) + 1)
+    assert torch.equal(block_checksums_host(sections), block_checksums_reference(sections))
+    listed = torch.tensor([5, 0, 0, 3])
+    assert torch.equal(block_checksums_host(sections, listed), block_checksums_reference(sections, listed))
+
+
 def test_strided_sections_and_dram_like_views():
     """Sections that are views with gaps between blocks (a DRAM pool's rows) give the same sums as copies."""
     layout = (2, 16, 2, 32, 24)
@@ -70,9 +79,10 @@ def test_strided_sections_and_dram_like_views():
         views.append(view.view(t.dtype).view(t.shape) if t.dtype != torch.uint8 else view.view(t.shape))
         offset += width + 20  # keeps 4-byte alignment: the word path, with strides
     want = block_checksums_reference(dense)
-    assert torch.equal(block_checksums(views), want)
+    assert torch.equal(block_checksums(views), want) and torch.equal(block_checksums_host(views), want)
     odd = [dense[0], rows[:, :, 1:37]]  # starts off a word boundary: the byte path
     assert torch.equal(block_checksums(odd), block_checksums_reference(odd))
+    assert torch.equal(block_checksums_host(odd), block_checksums_reference(odd))
 
 
 def test_sums_wrap_like_the_definition():
@@ -81,6 +91,7 @@ def test_sums_wrap_like_the_definition():
     section[0, 1, ::7] = 3
     got = block_checksums([section])
     assert torch.equal(got, block_checksums_reference([section]))
+    assert torch.equal(block_checksums_host([section]), got)
     assert as_unsigned(got) == [definition([section], 0), definition([section], 1)]
 
 

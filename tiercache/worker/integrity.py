@@ -27,17 +27,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from tiercache.kernels import block_checksums
-from tiercache.kernels.reference import block_checksums_reference
+from tiercache.kernels import block_checksums, block_checksums_host
 from tiercache.worker.pools import SECTIONS, KVBlocks
 
 
 def checksums_of(blocks: KVBlocks, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """[n, 2] int64: the Triton kernel on CUDA, the PyTorch reference elsewhere (same bits)."""
+    """[n, 2] int64: the Triton kernel on CUDA, block_checksums_host elsewhere (the reference's bits)."""
     sections = [getattr(blocks, name) for name in SECTIONS]
     if sections[0].device.type == "cuda":
         return block_checksums(sections, ids)
-    return block_checksums_reference(sections, ids)
+    return block_checksums_host(sections, ids)
 
 
 class SlotChecksums:
