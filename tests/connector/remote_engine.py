@@ -1,9 +1,11 @@
-"""One engine with a remote tier, in a process of its own, driven over stdin/stdout by
-test_e2e_remote.py: `python remote_engine.py MODEL_DIR CONFIG_JSON`, then one JSON command per line on stdin;
-each answer is one stdout line starting with RESULT_PREFIX, followed by JSON.
+"""One engine with a remote tier, in a process of its own, driven over stdin/stdout by the remote tier's
+end-to-end tests: `python remote_engine.py MODEL_DIR CONFIG_JSON [LLM_KWARGS_JSON]`, then one JSON command
+per line on stdin; each answer is one stdout line starting with RESULT_PREFIX, followed by JSON.
+EngineProcess (below) is the tests' side: it starts the script and asks it commands.
 
 Commands:
-    {"run": [prompt, ...]}   greedy generation, one request at a time → {"tokens", "cached", "new_hashes"
+    {"run": [prompt, ...]}   greedy generation, one request at a time → {"tokens", "prompt_ids", "cached",
+                             "new_hashes"
                              (hex of the blocks the manager gained), "ids", "counters" (the scheduler's
                              and inspection's remote_* counters), "remote_up"}
     {"counters": true}       the counters and the store's state now, without running anything →
@@ -23,20 +25,60 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 RESULT_PREFIX = "RESULT "
+SCRIPT = Path(__file__)
 
 
-def main(model: str, config: dict) -> None:
+class EngineProcess:
+    """This script in a child process: ask(command) → its answer. env: variables to set for the child (on
+    top of this process's and the PYTHONPATH that makes it import this checkout's tiercache)."""
+
+    def __init__(
+        self, model: Path, config: dict, log: Path, llm_kwargs: dict | None = None, env: dict | None = None
+    ) -> None:
+        from helpers import rank_env
+
+        env = {**os.environ, "PYTHONPATH": rank_env(2)["PYTHONPATH"], **(env or {})}
+        self.log = log.open("w")
+        argv = [sys.executable, str(SCRIPT), str(model), json.dumps(config), json.dumps(llm_kwargs or {})]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+            cwd=SCRIPT.parent,
+        )  # fmt: skip
+        assert self._read()["ready"]
+
+    def ask(self, **command) -> dict:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX) :])
+        raise AssertionError(f"engine process ended (code {self.proc.wait()}); its log: {self.log.name}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def main(model: str, config: dict, llm_kwargs: dict) -> None:
     from helpers import engine, generate, scheduler_side, tokens, worker_side
 
     log = logging.getLogger("tiercache")  # its remote-store lines (down, up, why) into this engine's log
     log.setLevel(logging.INFO)
     log.addHandler(logging.StreamHandler(sys.stderr))
 
-    with engine(Path(model), config) as llm:
+    with engine(Path(model), config, **llm_kwargs) as llm:
         sched = scheduler_side(llm)
 
         def state() -> dict:
@@ -52,7 +94,9 @@ def main(model: str, config: dict) -> None:
                 new = [h.hex() for h in sched.manager.view().hashes() if h not in seen]
                 cached = [o.num_cached_tokens for o in outs]
                 ids = [o.request_id for o in outs]
-                answer({"tokens": tokens(outs), "cached": cached, "new_hashes": new, "ids": ids, **state()})
+                prompt_ids = [list(o.prompt_token_ids) for o in outs]
+                answer({"tokens": tokens(outs), "prompt_ids": prompt_ids, "cached": cached, "new_hashes": new,
+                        "ids": ids, **state()})  # fmt: skip
             elif "counters" in cmd:
                 answer(state())
             elif "flush" in cmd:
@@ -76,4 +120,4 @@ def answer(value: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]))
+    main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})

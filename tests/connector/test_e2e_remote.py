@@ -14,62 +14,30 @@ with the first:
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import BLOCK, SHARED, connector_config, rank_env
-from remote_engine import RESULT_PREFIX
+from helpers import BLOCK, SHARED, connector_config
+from remote_engine import EngineProcess
 from tiny_llama import words_prompt
 
 PREFIX_BLOCKS = 5
 TIER = f"{8 * BLOCK} tokens"
 NAMES = ("remote", "remote_corrupt", "remote_down")
 FILLERS = [words_prompt(70_000 + 1000 * i, 6 * BLOCK) for i in range(10)]  # 50 blocks ≫ 16 local slots
-SCRIPT = Path(__file__).with_name("remote_engine.py")
 
 
-class EngineProcess:
-    """remote_engine.py in a child process: ask(command) → its answer."""
-
-    def __init__(self, model: Path, url: str, log: Path, codec: str = "none") -> None:
-        cfg = connector_config(codec, vram=TIER, dram=TIER)
-        cfg["kv_connector_extra_config"]["tiers"]["remote"] = {"url": url, "timeout": "2s", "write": "all"}
-        env = {**os.environ, "PYTHONPATH": rank_env(2)["PYTHONPATH"]}  # this checkout's tiercache
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(model), json.dumps(cfg)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=SCRIPT.parent,
-        )  # fmt: skip
-        assert self._read()["ready"]
-
-    def ask(self, **command) -> dict:
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def _read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX) :])
-        raise AssertionError(f"engine process ended (code {self.proc.wait()}); its log: {self.log.name}")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=120)
-        self.log.close()
+def engine_process(model: Path, url: str, log: Path, codec: str = "none") -> EngineProcess:
+    cfg = connector_config(codec, vram=TIER, dram=TIER)
+    cfg["kv_connector_extra_config"]["tiers"]["remote"] = {"url": url, "timeout": "2s", "write": "all"}
+    return EngineProcess(model, cfg, log)
 
 
 @pytest.fixture(scope="module")
 def engine_a(tiny_model, baseline, redis_server, tmp_path_factory):
     """Engine A's run: each first prompt (its new block hashes), then the fillers; its writes flushed."""
-    a = EngineProcess(tiny_model, redis_server.url, tmp_path_factory.mktemp("a") / "engine_a.log")
+    a = engine_process(tiny_model, redis_server.url, tmp_path_factory.mktemp("a") / "engine_a.log")
     try:
         stored = {}
         for name in NAMES:
@@ -87,7 +55,7 @@ def engine_a(tiny_model, baseline, redis_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine_b(engine_a, tiny_model, redis_server, tmp_path_factory):
-    b = EngineProcess(tiny_model, redis_server.url, tmp_path_factory.mktemp("b") / "engine_b.log")
+    b = engine_process(tiny_model, redis_server.url, tmp_path_factory.mktemp("b") / "engine_b.log")
     yield b
     b.close()
 
@@ -126,7 +94,7 @@ def test_an_engine_with_another_codec_never_reads_them(
     """Engine C (k8v4, its own process) asks for the same prompt: the keys carry the codec and layout, so it
     finds nothing (a miss, recomputed) while the values stay there for engines of A's codec."""
     second = SHARED["remote"][1]
-    c = EngineProcess(tiny_model, redis_server.url, tmp_path / "engine_c.log", codec="k8v4")
+    c = engine_process(tiny_model, redis_server.url, tmp_path / "engine_c.log", codec="k8v4")
     try:
         got = c.ask(run=[second])
     finally:
