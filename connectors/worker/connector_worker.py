@@ -6,7 +6,7 @@ Provides:
         register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
                                              GPU, or host memory), then warm_up()
-        warm_up() -> float                   offload mode on a GPU: compile and run once the kernels of a
+        warm_up() -> float                   on a GPU (warm_start.py): compile and run once the kernels of a
                                              store and a load, checksums included (seconds taken; 0.0 when
                                              there is nothing to warm or $TIERCACHE_WARM_START is 0)
         start_step(plan)                     remote uploads and fetches (remote_steps.py), loads (decode into
@@ -36,8 +36,6 @@ before any of its bytes reaches vLLM's cache, and a failed load, store or transf
 from __future__ import annotations
 
 import logging
-import os
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +45,6 @@ from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
 from tiercache.remote.format import RemoteNamespace
 from tiercache.wire import VRAM, JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
-from tiercache.worker.integrity import checksums_of
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
@@ -56,12 +53,9 @@ from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
 from .page_io import load_pages, save_pages
 from .remote_steps import RemoteSteps
+from .warm_start import warm_up
 
 logger = logging.getLogger(__name__)
-WARM_START_ENV = "TIERCACHE_WARM_START"
-# Triton specializes an integer argument equal to 1 and one divisible by 16: one store and one load of each
-# kind of count compiles every variant the serving path will launch
-WARM_COUNTS = (1, 2, 16)
 
 
 @dataclass
@@ -148,35 +142,8 @@ class ConnectorWorker:
             )
 
     def warm_up(self) -> float:
-        """Encode vLLM's block 0, checksum it and decode it back into block 0, straight and through DRAM
-        staging (primary mode: copy its pages and checksum them), for each of WARM_COUNTS blocks at once,
-        through the serving path's own calls: the first requests then pay no JIT compile. Block 0 is vLLM's
-        null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no request
-        yet when vLLM registers it. No pool slot is written (the DRAM slots used are untagged: never read)."""
-        if self.tiers.vram.device.type != "cuda":
-            return 0.0
-        if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-            return 0.0
-        start = time.perf_counter()
-        device = self.tiers.vram.device
-        for n in WARM_COUNTS:
-            ids = [0] * n
-            rows = torch.arange(n, device=device)
-            if self.geometry.primary:
-                checksums_of(save_pages(self.page_views, ids))  # a store's
-                checksums_of(save_pages(self.page_views, ids), rows)  # a load's, read in place
-                continue
-            blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)  # = encode_into
-            checksums_of(blocks, rows)  # what a store records and a load verifies, read in place
-            decode_blocks(self.codec, blocks, self.k_views, self.v_views, ids[:1], rows[:1])
-            dram_slots = list(range(min(n, self.tiers.dram.num_blocks)))
-            if dram_slots:
-                self.tiers.engine.write_dram(dram_slots, blocks.select(list(range(len(dram_slots)))))
-                staged, at = self.tiers.engine.stage_dram(dram_slots)
-                checksums_of(staged, at)
-                decode_blocks(self.codec, staged, self.k_views, self.v_views, ids[:1], at[:1])
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
+        """warm_start.warm_up for this rank: the serving path's kernels compiled and run once (seconds)."""
+        return warm_up(self.tiers, self.codec, self.layout, self.k_views, self.v_views, self.page_views)
 
     # ------------------------------------------------------------------ per step
     def start_step(self, plan: StepPlan) -> None:
