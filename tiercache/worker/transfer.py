@@ -34,7 +34,7 @@ import torch
 
 from tiercache.layout import contiguous_runs
 from tiercache.wire import DRAM, VRAM, JobResult, TransferJob
-from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool
+from tiercache.worker.pools import DramPool, KVBlocks, VramPool, block_views
 
 logger = logging.getLogger(__name__)
 DEFAULT_STAGING_BYTES = 64 * 2**20  # per direction, on the device
@@ -136,8 +136,7 @@ class TransferEngine:
         self._dma([slots[i] for i in order], staging, to_dram=False)
         inverse = torch.empty(len(slots), dtype=torch.int64)
         inverse[torch.as_tensor(order, dtype=torch.int64)] = torch.arange(len(slots))
-        views = KVBlocks(*(v.transpose(0, 1) for v in self._sections(staging).values()))
-        return views, self._device_index(inverse.tolist())
+        return block_views(staging, self.dram.layout), self._device_index(inverse.tolist())
 
     def read_dram(self, slots) -> KVBlocks:
         """DRAM blocks → a fresh KVBlocks on the VRAM device ([L, n, …] contiguous), on the current stream."""
@@ -148,8 +147,8 @@ class TransferEngine:
         """Blocks on the VRAM device ([L, n, …]) → DRAM slots, on the current stream."""
         slots = list(slots)
         staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
-        for name, view in self._sections(staging).items():
-            view.copy_(getattr(blocks, name).transpose(0, 1))
+        for name, view in block_views(staging, self.dram.layout).tensors().items():
+            view.copy_(getattr(blocks, name))
         order = sorted(range(len(slots)), key=slots.__getitem__)
         rows = staging.index_select(0, torch.as_tensor(order, device=self.device)) if order else staging
         self._dma([slots[i] for i in order], rows, to_dram=True)
@@ -196,21 +195,6 @@ class TransferEngine:
         for name, offset, shape, dtype in self.vram.layout.sections():
             width = _nbytes(shape, dtype)
             out[name] = rows[:, offset : offset + width].view(n, layers, width // layers).view(self._word)
-        return out
-
-    def _sections(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Typed [n, L, BS, H, (P)] views of the sections of rows laid out like DRAM rows."""
-        n = rows.shape[0]
-        out = {}
-        for name, offset, shape, dtype in self.vram.layout.sections():
-            per = 1
-            for s in shape:
-                per *= s
-            width = per * (4 if dtype == "float32" else 1)
-            raw = rows[:, offset : offset + width]
-            typed = raw.view(torch.float32) if dtype == "float32" else raw
-            out[name] = typed.view(n, *shape)
-        assert tuple(out) == SECTIONS
         return out
 
     def _device_index(self, slots: list[int]) -> torch.Tensor:
