@@ -46,11 +46,7 @@ def encode_blocks(
         torch.empty(L, n, bs, h, dtype=torch.float32, device=device),
     )
     if _fused(codec, k_views, v_views):
-        local = torch.arange(n, device=device)
-        for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
-            tq_encode_blocks(
-                k_view.view, v_view.view, idx, local, *_layer(out, layer), codec.keys, codec.values
-            )
+        _encode_in_place(codec, k_views, v_views, idx, out, torch.arange(n, device=device))
         return out
     fused_sides = _use_kernels(device) and not _raw(codec)
     slots = torch.arange(n * bs, device=device)
@@ -87,8 +83,7 @@ def encode_into(
             getattr(pool, name).index_copy_(1, slots, getattr(blocks, name))
         return
     idx = torch.as_tensor(block_ids, dtype=torch.long, device=device)
-    for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
-        tq_encode_blocks(k_view.view, v_view.view, idx, slots, *_layer(pool, layer), codec.keys, codec.values)
+    _encode_in_place(codec, k_views, v_views, idx, pool, slots)
 
 
 def decode_blocks(
@@ -119,6 +114,31 @@ def decode_blocks(
                 x = torch.empty((n, *view.shape), dtype=view.dtype, device=device)
                 tq_dequantize_blocks(packed[layer], norms[layer], src, side, x)
                 view.write(idx, x)
+
+
+def _encode_in_place(
+    codec: KVCodec,
+    k_views: Sequence[BlockAccess],
+    v_views: Sequence[BlockAccess],
+    idx: torch.Tensor,
+    target: KVBlocks,
+    slots: torch.Tensor,
+) -> None:
+    """vLLM's blocks idx[i] → target[:, slots[i]]: one tq_encode_blocks per layer, the cache read in place."""
+    for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
+        k_packed, k_norms, v_packed, v_norms = _layer(target, layer)
+        tq_encode_blocks(
+            k_view.view,
+            v_view.view,
+            idx,
+            slots,
+            k_packed,
+            k_norms,
+            v_packed,
+            v_norms,
+            codec.keys,
+            codec.values,
+        )
 
 
 def _use_kernels(device: torch.device) -> bool:
