@@ -2,7 +2,8 @@
 
 VRAM-tier format (one layer): packed [num_blocks, block_size, num_kv_heads, packed_dim] uint8 and
 norms [num_blocks, block_size, num_kv_heads] float32; slot = block * block_size + offset.
-Kernels: tq_encode_store, tq_encode_blocks, tq_dequantize_blocks, tq_decode_attention, block_checksums
+Kernels: tq_encode_store, tq_encode_blocks, tq_dequantize_blocks, tq_decode_attention, block_checksums;
+tq_encode_layers and tq_dequantize_layers run every layer of a model in one launch (PagedLayers)
 (Triton on CUDA and under TRITON_INTERPRET=1, the PyTorch references in kernels/reference.py elsewhere;
 block_checksums_host for checksums); torch.library ops in .ops.
 Launch choices: EncodeLaunchConfig, DequantizeLaunchConfig, DecodeLaunchConfig (kernels/launch_config.py),
@@ -13,10 +14,11 @@ from .checksum import block_checksums
 from .checksum_host import block_checksums_host
 from .codec import SUPPORTED_HEAD_DIMS, TurboQuantCodec
 from .decode_attention import DecodeWorkspace, tq_decode_attention
-from .dequantize import tq_dequantize_blocks
-from .encode_store import tq_encode_blocks, tq_encode_store
+from .dequantize import tq_dequantize_blocks, tq_dequantize_layers
+from .encode_store import tq_encode_blocks, tq_encode_layers, tq_encode_store
 from .launch_config import DecodeLaunchConfig, DequantizeLaunchConfig, EncodeLaunchConfig
 from .packing import pack_indices, unpack_indices
+from .paged_layers import PagedLayers
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -24,13 +26,16 @@ __all__ = [
     "DecodeWorkspace",
     "DequantizeLaunchConfig",
     "EncodeLaunchConfig",
+    "PagedLayers",
     "TurboQuantCodec",
     "block_checksums",
     "block_checksums_host",
     "pack_indices",
     "tq_decode_attention",
     "tq_dequantize_blocks",
+    "tq_dequantize_layers",
     "tq_encode_blocks",
+    "tq_encode_layers",
     "tq_encode_store",
     "unpack_indices",
 ]

@@ -41,6 +41,32 @@ def check_cache(
         raise ValueError(f"{name}_norms is on {norms.device} but {name}_packed on {packed.device}")
 
 
+def check_layered_cache(
+    name: str,
+    packed: torch.Tensor,
+    norms: torch.Tensor,
+    codec: TurboQuantCodec,
+    num_layers: int,
+    num_heads: int | None = None,
+) -> None:
+    """packed [L, NB, BS, H, P] uint8 and norms [L, NB, BS, H] float32 of num_layers layers."""
+    if not isinstance(packed, torch.Tensor) or packed.ndim != 5 or packed.shape[0] != num_layers:
+        raise ValueError(
+            f"{name}_packed must be uint8 [{num_layers} layers, num_blocks, block_size, num_kv_heads, "
+            f"packed_dim], got {describe(packed)}"
+        )
+    if not isinstance(norms, torch.Tensor) or norms.ndim != 4:
+        raise ValueError(f"{name}_norms must be float32 {tuple(packed.shape[:4])}, got {describe(norms)}")
+    if norms.shape[0] != num_layers:
+        raise ValueError(f"{name}_norms has {norms.shape[0]} layers, expected {num_layers}")
+    check_cache(name, packed[0], norms[0], codec, num_heads)
+
+
+def describe(x: object) -> str:
+    """A tensor's dtype and shape, or another value's type: for error messages."""
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def check_float(name: str, x: torch.Tensor, ndim: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES or x.ndim != ndim:
         got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

@@ -3,13 +3,23 @@ tq_encode_store writes for the same blocks' tokens (and the reference); tq_dequa
 scatters what it decodes into a paged cache and writes nothing else; block_checksums of listed blocks equals
 the checksums of those blocks copied out. Every bit width, head_dim 64 and 128, odd block counts, float
 caches viewed like vLLM's FLASH_ATTN layout ([NB, H, BS, 2·D] logical over [NB, BS, H, 2·D]: K and V
-strided)."""
+strided). The whole-model forms (tq_encode_layers, tq_dequantize_layers: one launch over every layer's
+separately allocated cache) write exactly what the one-layer forms write layer by layer, at aligned and
+unaligned layer starts, and the load skips the blocks its ok flags refuse."""
 
 import pytest
 import torch
 from kernel_cases import BIT_PAIRS, POISON_BYTE, codec, random_cache, rel_err
 
-from tiercache.kernels import block_checksums, tq_dequantize_blocks, tq_encode_blocks, tq_encode_store
+from tiercache.kernels import (
+    PagedLayers,
+    block_checksums,
+    tq_dequantize_blocks,
+    tq_dequantize_layers,
+    tq_encode_blocks,
+    tq_encode_layers,
+    tq_encode_store,
+)
 from tiercache.kernels.reference import block_checksums_reference, encode_store_reference
 
 ENCODE_CASES = [(kb, vb, d, 16, torch.bfloat16) for kb, vb in BIT_PAIRS for d in (64, 128)]
@@ -121,3 +131,90 @@ def test_checksums_of_listed_blocks(pk, pv):
     assert torch.equal(block_checksums(sections, blocks), want)
     assert torch.equal(block_checksums_reference(sections, blocks), want)
     assert block_checksums(sections, blocks[:0]).shape == (0, 2)
+
+
+def model_kv(layers, num_blocks, block_size, heads, head_dim, dtype, gen, shift=0):
+    """K and V sides of `layers` separately allocated FLASH_ATTN-style caches; shift > 0 starts layer l
+    l · shift elements into its allocation (layer starts not 16 bytes apart)."""
+    k_sides, v_sides = [], []
+    for layer in range(layers):
+        flat = (
+            torch.randn(layer * shift + num_blocks * block_size * heads * 2 * head_dim, generator=gen) * 2
+        ).to(dtype)
+        cache = flat[layer * shift :].view(num_blocks, block_size, heads, 2 * head_dim)
+        k_sides.append(cache[..., :head_dim])
+        v_sides.append(cache[..., head_dim:])
+    return k_sides, v_sides
+
+
+def layered_poison(layers, num_blocks, block_size, heads, kc, vc):
+    return [torch.stack([t] * layers) for t in poisoned(num_blocks, block_size, heads, kc, vc)]
+
+
+@pytest.mark.parametrize("k_bits,v_bits", BIT_PAIRS)
+@pytest.mark.parametrize("head_dim,dtype,shift", [(64, torch.float32, 0), (128, torch.bfloat16, 0),
+                                                  (64, torch.float16, 3)])  # fmt: skip
+def test_encode_layers_equals_encode_blocks_layer_by_layer(k_bits, v_bits, head_dim, dtype, shift):
+    gen = torch.Generator().manual_seed(k_bits * 10 + v_bits + head_dim + shift)
+    kc, vc = codec(head_dim, k_bits, 1), codec(head_dim, v_bits, 2)
+    layers, heads, bs = 3, 3, 16
+    k_sides, v_sides = model_kv(layers, 9, bs, heads, head_dim, dtype, gen, shift)
+    keys, values = PagedLayers(k_sides), PagedLayers(v_sides)
+    assert (keys.align > 1) == (shift == 0)
+    src = torch.tensor([8, 0, 3, 5, 1], dtype=torch.int32)
+    dst = torch.tensor([4, 6, 0, 2, 5])
+    got = layered_poison(layers, 7, bs, heads, kc, vc)
+    tq_encode_layers(keys, values, src, dst, *got, kc, vc)
+    for layer in range(layers):
+        want = poisoned(7, bs, heads, kc, vc)
+        tq_encode_blocks(k_sides[layer], v_sides[layer], src, dst, *want, kc, vc)
+        for a, b in zip((t[layer] for t in got), want, strict=True):
+            assert same(a, b), f"layer {layer} differs from tq_encode_blocks"
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("head_dim,dtype,shift", [(64, torch.float32, 0), (128, torch.bfloat16, 0),
+                                                  (128, torch.bfloat16, 5)])  # fmt: skip
+def test_dequantize_layers_equals_dequantize_blocks_and_skips_refused_blocks(bits, head_dim, dtype, shift):
+    gen = torch.Generator().manual_seed(bits + head_dim + shift)
+    c = codec(head_dim, bits, 3)
+    layers, heads, bs = 3, 2, 16
+    caches = [random_cache(8, bs, heads, c, gen) for _ in range(layers)]
+    packed = torch.stack([p for p, _ in caches])
+    norms = torch.stack([n for _, n in caches])
+    k_sides, _ = model_kv(layers, 10, bs, heads, head_dim, dtype, gen, shift)
+    want = [side.clone() for side in k_sides]
+    ids = torch.tensor([6, 1, 1, 4, 0], dtype=torch.int32)
+    out_blocks = torch.tensor([9, 0, 3, 2, 7])
+    ok = torch.tensor([True, True, False, True, False])
+    tq_dequantize_layers(packed, norms, ids, c, PagedLayers(k_sides), out_blocks, ok=ok)
+    for layer in range(layers):
+        tq_dequantize_blocks(packed[layer], norms[layer], ids[ok], c, want[layer], out_blocks=out_blocks[ok])
+        assert torch.equal(k_sides[layer], want[layer]), (
+            f"layer {layer} differs (or a refused block was written)"
+        )
+    tq_dequantize_layers(packed, norms, ids, c, PagedLayers(k_sides), out_blocks)  # no flags: all of them
+    for layer in range(layers):
+        tq_dequantize_blocks(packed[layer], norms[layer], ids, c, want[layer], out_blocks=out_blocks)
+        assert torch.equal(k_sides[layer], want[layer])
+
+
+def test_paged_layers_and_the_layered_kernels_check_their_arguments():
+    gen = torch.Generator().manual_seed(0)
+    c = codec(64, 4)
+    k_sides, v_sides = model_kv(2, 4, 16, 2, 64, torch.float32, gen)
+    with pytest.raises(ValueError, match="layer 1 is .* strides"):
+        PagedLayers([k_sides[0], k_sides[1].contiguous()])
+    with pytest.raises(ValueError, match="layer 1"):
+        PagedLayers([k_sides[0], k_sides[1].to(torch.bfloat16)])
+    with pytest.raises(ValueError, match="no layers"):
+        PagedLayers([])
+    caches = layered_poison(3, 4, 16, 2, c, c)  # three layers of pages for two layers of cache
+    with pytest.raises(ValueError, match=r"\[2 layers"):
+        tq_encode_layers(PagedLayers(k_sides), PagedLayers(v_sides), torch.tensor([0]), torch.tensor([1]),
+                         *caches, c, c)  # fmt: skip
+    with pytest.raises(ValueError, match="PagedLayers"):
+        tq_encode_layers(k_sides, v_sides, torch.tensor([0]), torch.tensor([1]), *caches, c, c)
+    with pytest.raises(ValueError, match="one flag per listed block"):
+        tq_dequantize_layers(caches[0][:2], caches[1][:2], torch.tensor([0]), c, PagedLayers(k_sides),
+                             torch.tensor([1]), ok=torch.tensor([1, 0]))  # fmt: skip

@@ -9,11 +9,15 @@ from kernel_cases import BIT_PAIRS, codec, near_boundary, random_block_tables, r
 from tiercache.kernels import (
     DecodeLaunchConfig,
     DecodeWorkspace,
+    PagedLayers,
     TurboQuantCodec,
     block_checksums,
     decode_lut,
     tq_decode_attention,
     tq_dequantize_blocks,
+    tq_dequantize_layers,
+    tq_encode_blocks,
+    tq_encode_layers,
     tq_encode_store,
 )
 from tiercache.kernels import decode_attention as decode_module
@@ -119,6 +123,44 @@ def test_encode_dequantize_gpu(k_bits, v_bits, dtype):
             tq_dequantize_blocks(packed, n, ids, c, out)
             ref = c.decode(packed[ids.long()], n[ids.long()], torch.float64)
             assert rel_err(out, ref) <= tol
+
+
+@pytest.mark.parametrize("k_bits,v_bits", [(4, 4), (8, 4), (2, 3)])
+@pytest.mark.parametrize("dtype,shift", [(torch.bfloat16, 0), (torch.bfloat16, 3), (torch.float32, 0)])
+def test_layered_encode_and_dequantize_gpu_equal_the_one_layer_kernels(k_bits, v_bits, dtype, shift):
+    """One launch over 5 separately allocated FLASH_ATTN-style layers (shift: layer l starts l · shift
+    elements into its allocation, so the layers' starts are not 16 bytes apart) writes the bytes the one-layer
+    kernels write layer by layer; the dequantize skips the blocks whose ok flag is False."""
+    kc, vc = codec(128, k_bits, 1), codec(128, v_bits, 2)
+    layers, nb, bs, heads = 5, 300, 16, 8
+    caches = []
+    for layer in range(layers):
+        flat = torch.randn(layer * shift + nb * bs * heads * 256, device=DEV).to(dtype)
+        caches.append(flat[layer * shift :].view(nb, bs, heads, 256))
+    k_sides, v_sides = [c[..., :128] for c in caches], [c[..., 128:] for c in caches]
+    src = torch.randperm(nb, device=DEV)[:129]
+    dst = torch.randperm(200, device=DEV)[:129]
+    pages = [torch.full((layers, 200, bs, heads, c.packed_dim), 0xA5, dtype=torch.uint8, device=DEV)
+             for c in (kc, vc)]  # fmt: skip
+    norms = [torch.full((layers, 200, bs, heads), float("nan"), device=DEV) for _ in range(2)]
+    tq_encode_layers(PagedLayers(k_sides), PagedLayers(v_sides), src, dst, pages[0], norms[0], pages[1],
+                     norms[1], kc, vc)  # fmt: skip
+    for layer in range(layers):
+        want = [t[layer].clone().fill_(0xA5 if t.dtype == torch.uint8 else float("nan"))
+                for t in (pages[0], norms[0], pages[1], norms[1])]  # fmt: skip
+        tq_encode_blocks(k_sides[layer], v_sides[layer], src, dst, *want, kc, vc)
+        for got, w in zip(
+            (pages[0][layer], norms[0][layer], pages[1][layer], norms[1][layer]), want, strict=True
+        ):
+            assert torch.equal(got.nan_to_num(), w.nan_to_num()), f"layer {layer}"
+    ok = torch.rand(129, device=DEV) > 0.2
+    out_blocks = torch.randperm(nb, device=DEV)[:129]
+    for side, c, packed, n in ((k_sides, kc, pages[0], norms[0]), (v_sides, vc, pages[1], norms[1])):
+        want = [t.clone() for t in side]
+        tq_dequantize_layers(packed, n, dst, c, PagedLayers(side), out_blocks, ok=ok)
+        for layer in range(layers):
+            tq_dequantize_blocks(packed[layer], n[layer], dst[ok], c, want[layer], out_blocks=out_blocks[ok])
+            assert torch.equal(side[layer], want[layer]), f"layer {layer}"
 
 
 def lut_case(key, block_size, group, dtype, lens, seed, offset=16):
