@@ -5,24 +5,36 @@ Provides:
     encode_into(codec, k_access, v_access, block_ids, layout, pool, slots)   the same bytes written
                                              straight into pool[:, slots] (pool: [L, NB, …] KVBlocks, slots
                                              [n] int64 on its device)
-    decode_blocks(codec, blocks, k_access, v_access, block_ids, src=None)   blocks[:, src[i]] (blocks[:, i]
-                                             when src is None) → vLLM's block block_ids[i], in place
+    decode_blocks(codec, blocks, k_access, v_access, block_ids, src=None, ok=None)   blocks[:, src[i]]
+                                             (blocks[:, i] when src is None) → vLLM's block block_ids[i], in
+                                             place, for every i with ok[i] ([n] bool on the device; None:
+                                             all): the others' destinations keep their bytes
 k_access / v_access: one BlockAccess per layer (kv_views.py), in the pools' layer order.
 On CUDA, where both sides are TurboQuant and vLLM's cache is a strided view (GPU backends), encode_into and
-decode_blocks run one kernel per layer that reads vLLM's blocks in place and writes the pool in place
-(tq_encode_blocks), or reads the source in place and writes vLLM's blocks in place (tq_dequantize_blocks
-with out_blocks): no gathered copy, no temporary. Elsewhere, and for lossless (raw) sides, through the
-codec itself (exactly codec.decode(codec.encode(x))) with a copy in between.
+decode_blocks launch one kernel for every layer at once (per side for the decode) that reads vLLM's blocks
+in place and writes the pool in place (tq_encode_layers), or reads the source in place and writes vLLM's
+blocks in place (tq_dequantize_layers): no gathered copy, no temporary, and the ok flags are read by the
+kernel (the host never waits for them). Layers whose views differ in strides or dtype take one launch per
+layer. Elsewhere, and for lossless (raw) sides, through the codec itself (exactly
+codec.decode(codec.encode(x))) with a copy in between.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
 
 from tiercache.codecs import KVCodec, RawCodec
-from tiercache.kernels import tq_dequantize_blocks, tq_encode_blocks, tq_encode_store
+from tiercache.kernels import (
+    PagedLayers,
+    tq_dequantize_blocks,
+    tq_dequantize_layers,
+    tq_encode_blocks,
+    tq_encode_layers,
+    tq_encode_store,
+)
 from tiercache.layout import BlockLayout
 from tiercache.worker.pools import SECTIONS, KVBlocks
 
@@ -93,27 +105,35 @@ def decode_blocks(
     v_views: Sequence[BlockAccess],
     block_ids: Sequence[int] | torch.Tensor,
     src: torch.Tensor | None = None,
+    ok: torch.Tensor | None = None,
 ) -> None:
     device = k_views[0].device
     idx = torch.as_tensor(block_ids, dtype=torch.long, device=device)
     n = idx.numel()
     blocks = blocks.to(device)
     src = torch.arange(n, device=device) if src is None else src.to(device)
-    for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
-        sides = ((k_view, codec.keys, blocks.k_packed, blocks.k_norms),
-                 (v_view, codec.values, blocks.v_packed, blocks.v_norms))  # fmt: skip
-        for view, side, packed, norms in sides:
+    sides = ((k_views, codec.keys, blocks.k_packed, blocks.k_norms),
+             (v_views, codec.values, blocks.v_packed, blocks.v_norms))  # fmt: skip
+    for views, side, packed, norms in sides:
+        layers = _paged_layers(views) if _use_kernels(device) and not isinstance(side, RawCodec) else None
+        if layers is not None:  # every layer in one launch, straight into vLLM's blocks
+            tq_dequantize_layers(packed, norms, src, side, layers, idx, ok=ok)
+            continue
+        keep = slice(None) if ok is None else ok.to(device)
+        if ok is not None and not bool(ok.any()):  # every block refused (a host sync: not the kernels' path)
+            continue
+        for layer, view in enumerate(views):
             if isinstance(side, RawCodec) or not _use_kernels(device):
-                x = side.decode(
-                    packed[layer].index_select(0, src), norms[layer].index_select(0, src), view.dtype
-                )
-                view.write(idx, x)
+                x = side.decode(packed[layer][src[keep]], norms[layer][src[keep]], view.dtype)
+                view.write(idx[keep], x)
             elif view.view is not None:  # straight into vLLM's blocks
-                tq_dequantize_blocks(packed[layer], norms[layer], src, side, view.view, out_blocks=idx)
+                tq_dequantize_blocks(
+                    packed[layer], norms[layer], src[keep], side, view.view, out_blocks=idx[keep]
+                )
             else:
-                x = torch.empty((n, *view.shape), dtype=view.dtype, device=device)
-                tq_dequantize_blocks(packed[layer], norms[layer], src, side, x)
-                view.write(idx, x)
+                x = torch.empty((n, *view.shape), dtype=view.dtype, device=device)[keep]
+                tq_dequantize_blocks(packed[layer], norms[layer], src[keep], side, x)
+                view.write(idx[keep], x)
 
 
 def _encode_in_place(
@@ -124,7 +144,13 @@ def _encode_in_place(
     target: KVBlocks,
     slots: torch.Tensor,
 ) -> None:
-    """vLLM's blocks idx[i] → target[:, slots[i]]: one tq_encode_blocks per layer, the cache read in place."""
+    """vLLM's blocks idx[i] → target[:, slots[i]], the cache read in place: one tq_encode_layers for the
+    whole model, or one tq_encode_blocks per layer where the layers' views differ."""
+    keys, values = _paged_layers(k_views), _paged_layers(v_views)
+    if keys is not None and values is not None:
+        sections = (target.k_packed, target.k_norms, target.v_packed, target.v_norms)
+        tq_encode_layers(keys, values, idx, slots, *sections, codec.keys, codec.values)
+        return
     for layer, (k_view, v_view) in enumerate(zip(k_views, v_views, strict=True)):
         k_packed, k_norms, v_packed, v_norms = _layer(target, layer)
         tq_encode_blocks(
@@ -139,6 +165,26 @@ def _encode_in_place(
             codec.keys,
             codec.values,
         )
+
+
+_TABLES: weakref.WeakKeyDictionary[BlockAccess, tuple[tuple[int, ...], PagedLayers | None]] = (
+    weakref.WeakKeyDictionary()
+)  # keyed by a side's first view: an entry lives as long as the worker's views
+
+
+def _paged_layers(views: Sequence[BlockAccess]) -> PagedLayers | None:
+    """One side's layers as a PagedLayers (built once per set of views, which a worker keeps for its life);
+    None where a layer has no strided view or the views differ in strides or dtype."""
+    ids = tuple(id(v) for v in views)
+    hit = _TABLES.get(views[0])
+    if hit is not None and hit[0] == ids:
+        return hit[1]
+    try:
+        table = PagedLayers([v.view for v in views]) if all(v.view is not None for v in views) else None
+    except ValueError:
+        table = None
+    _TABLES[views[0]] = (ids, table)
+    return table
 
 
 def _use_kernels(device: torch.device) -> bool:

@@ -244,26 +244,32 @@ class ConnectorWorker:
         if not todo:
             return
         items = [step.plan.loads[i] for i in todo]
-        intact = []
         with self.timer.measure("load", len(items), len(items) * self.layout.block_bytes):
             sources = self.tiers.read(items)  # VRAM slots in place, DRAM blocks staged on the device
-            reasons = self.tiers.verify_read(items, sources)  # before any byte reaches vLLM's cache
-            for j, reason in enumerate(reasons):
-                if reason:
-                    self._refuse(step, todo[j], reason)
-            for source in sources:
-                keep = [k for k, j in enumerate(source.positions) if not reasons[j]]
-                if not keep:
-                    continue
+            if self.geometry.primary:
+                reasons = self.tiers.verify_read(items, sources)  # before any byte reaches vLLM's cache
+                self._copy_pages(items, sources, reasons)
+            else:  # the decode reads the verdicts on the device: no byte of a refused block is written
+                check = self.tiers.check_read(items, sources)
+                for source in sources:
+                    ids = [items[j].block_id for j in source.positions]
+                    ok = None if check is None else _part(check.ok, source.positions, len(items))
+                    decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
+                reasons = self.tiers.refusals(items, check)  # waits for the verdicts, once
+        for j, reason in enumerate(reasons):
+            if reason:
+                self._refuse(step, todo[j], reason)
+            else:
+                step.loads_ok[todo[j]] = True
+
+    def _copy_pages(self, items: list, sources: list, reasons: list[str | None]) -> None:
+        """Primary mode: the intact blocks' pages copied into vLLM's blocks."""
+        for source in sources:
+            keep = [k for k, j in enumerate(source.positions) if not reasons[j]]
+            if keep:
                 ids = [items[source.positions[k]].block_id for k in keep]
                 src = source.ids if len(keep) == len(source.positions) else source.ids[keep]
-                if self.geometry.primary:
-                    load_pages(source.blocks, self.page_views, ids, src)
-                else:
-                    decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, src)
-                intact += [todo[source.positions[k]] for k in keep]
-        for i in intact:
-            step.loads_ok[i] = True
+                load_pages(source.blocks, self.page_views, ids, src)
 
     def _refuse(self, step: _Step, i: int, reason: str) -> None:
         """Load i of the step is not served: vLLM recomputes its block; the scheduler learns why."""
@@ -299,3 +305,10 @@ class ConnectorWorker:
     def _error(self, reason: str) -> None:
         logger.warning("tiercache: %s", reason)
         self._errors.append(reason)
+
+
+def _part(flags: torch.Tensor, positions: list[int], total: int) -> torch.Tensor:
+    """flags[positions] (flags itself when the positions are all of them, in order)."""
+    if len(positions) == total:
+        return flags
+    return flags[torch.as_tensor(positions, dtype=torch.int64, device=flags.device)]

@@ -2,7 +2,8 @@
 for the layout of the running attention backend (derived, never assumed).
 
 Provides:
-    BlockAccess               one side (K or V) of one layer: read(block_ids) -> [n, BS, H, D], write(ids, x)
+    BlockAccess               one side (K or V) of one layer: read(block_ids) -> [n, BS, H, D], write(ids, x);
+                              num_blocks, shape ([BS, H, D]), dtype, device
     kv_access(kv_cache, backend_name, block_size, num_kv_heads, head_dim, cpu_isa=None) -> (K, V)
     cpu_block_map(dtype, block_size, num_kv_heads, head_dim, isa) -> (k_map, v_map)
 
@@ -32,6 +33,7 @@ class BlockAccess:
         self.view, self.flat, self.index = view, flat, index
         self.shape = tuple(view.shape[1:]) if view is not None else tuple(index.shape)
         source = view if view is not None else flat
+        self.num_blocks = source.shape[0]
         self.device, self.dtype = source.device, source.dtype
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:

@@ -10,15 +10,15 @@ Provides:
         record(tier, slots, sums)            these slots now hold bytes with these checksums
         get(tier, slots) -> [n, 2] int64     the sums recorded for these slots
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
-        mismatches(places, got) -> list[(expected, got) | None]   compare loaded blocks' checksums ([n, 2],
-                                             checksums_of what was read) with their slots' (one host
-                                             synchronisation)
+        expected(places) -> [n, 2] int64     the sums recorded for blocks read from places[i] = (tier,
+                                             slot), on the device (no host synchronisation)
 
 What is checksummed: a whole block (all layers, K and V, packed bytes and norms, in BlockLayout's section
 order), one pair of sums per block. A block is the unit of a load and of a miss, so per-block sums find
 everything per-layer sums would at an n-th of the bookkeeping. The tables live on the device (DRAM slots'
-sums too: 16 bytes a slot), so a store and a move never wait for the device: only a load, which must know
-before decoding whether its bytes are intact, synchronises once.
+sums too: 16 bytes a slot), so a store and a move never wait for the device. A load compares on the device
+too, and the decode skips the blocks that failed (TierWorker.check_read): the host synchronises once, after
+the load's kernels are queued, to learn which blocks were refused.
 """
 
 from __future__ import annotations
@@ -59,18 +59,17 @@ class SlotChecksums:
         moved = self._sums[src_tier].index_select(0, self._index(src_slots))
         self._sums[dst_tier].index_copy_(0, self._index(dst_slots), moved)
 
-    def mismatches(
-        self, places: Sequence[tuple[str, int]], got: torch.Tensor
-    ) -> list[tuple[tuple[int, int], tuple[int, int]] | None]:
-        """places[i] = (tier, slot) block i was read from, got[i] its checksums now: None where they are
-        the sums recorded for that slot, else (expected, got)."""
+    def expected(self, places: Sequence[tuple[str, int]]) -> torch.Tensor:
+        tiers = {tier for tier, _ in places}
+        if len(tiers) == 1:
+            (tier,) = tiers
+            return self._sums[tier].index_select(0, self._index([slot for _, slot in places]))
         expected = torch.empty(len(places), 2, dtype=torch.int64, device=self.device)
-        for tier in {tier for tier, _ in places}:
+        for tier in tiers:
             at = [i for i, (t, _) in enumerate(places) if t == tier]
             slots = self._sums[tier].index_select(0, self._index([places[i][1] for i in at]))
             expected.index_copy_(0, self._index(at), slots)
-        both = torch.cat([expected, got.to(self.device)], 1).tolist()  # the one synchronisation: [n, 4]
-        return [None if row[:2] == row[2:] else ((row[0], row[1]), (row[2], row[3])) for row in both]
+        return expected
 
     def _index(self, slots: Sequence[int]) -> torch.Tensor:
         idx = torch.as_tensor(slots, dtype=torch.int64)

@@ -16,9 +16,13 @@ Provides:
                                        does not hold that block); None: load it
         read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
                                        slots in place, DRAM blocks staged (DMA); no other copy
-        verify_read(items, sources) -> list[str | None]   per item, why its bytes cannot be served (they
+        check_read(items, sources) -> ReadCheck | None   the read blocks' checksums compared with those
+                                       recorded, on the device (ReadCheck.ok: [n] bool, per item); None
+                                       when checksums are off. The host does not wait.
+        refusals(items, check) -> list[str | None]   per item, why its bytes cannot be served (they
                                        changed since they were stored: "checksum mismatch: …", the slot's
-                                       tag cleared); None: serve them
+                                       tag cleared); None: serve them. Waits for the check (one sync)
+        verify_read(items, sources)    refusals(items, check_read(items, sources))
         load(items) -> KVBlocks        a copy of the LoadItems' blocks, in item order
         verify(items, blocks) -> list[str | None]   verify_read for what load returned
         dram_rows(items) -> list[(row, checksum) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
@@ -50,6 +54,15 @@ from tiercache.worker.integrity import SlotChecksums, checksums_of
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
+
+
+@dataclass(frozen=True)
+class ReadCheck:
+    """A load's checksum comparison, queued on the device: item i's bytes are intact iff ok[i]."""
+
+    expected: torch.Tensor  # [n, 2] int64: the sums recorded when the blocks were stored
+    got: torch.Tensor  # [n, 2] int64: the sums of the bytes read
+    ok: torch.Tensor  # [n] bool
 
 
 @dataclass(frozen=True)
@@ -154,30 +167,43 @@ class TierWorker:
                 sources.append(BlockSource(positions, staged, rows))
         return sources
 
-    def verify_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> list[str | None]:
-        """sources: what read(items) returned. A block whose bytes no longer have the checksum recorded when
-        they were stored gets a reason, and its slot's tag is cleared: nothing reads that slot again until a
-        store or a move rewrites it (the scheduler drops the block on the failed load and frees the slot)."""
+    def check_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> ReadCheck | None:
+        """sources: what read(items) returned. Nothing waits: a decode that reads ok skips the refused
+        blocks before the host knows of them."""
         if self.checksums is None or not items:
+            return None
+        if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
+            got = checksums_of(sources[0].blocks, sources[0].ids).to(self.checksums.device)
+        else:
+            got = torch.empty(len(items), 2, dtype=torch.int64, device=self.checksums.device)
+            for source in sources:
+                at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
+                got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
+        expected = self.checksums.expected([(item.tier, item.slot) for item in items])
+        return ReadCheck(expected, got, (expected == got).all(1))
+
+    def refusals(self, items: Sequence[LoadItem], check: ReadCheck | None) -> list[str | None]:
+        """A block whose bytes no longer have the checksum recorded when they were stored gets a reason, and
+        its slot's tag is cleared: nothing reads that slot again until a store or a move rewrites it (the
+        scheduler drops the block on the failed load and frees the slot)."""
+        if check is None:
             return [None] * len(items)
-        got = torch.empty(len(items), 2, dtype=torch.int64, device=self.checksums.device)
-        for source in sources:
-            at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
-            got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
-        places = [(item.tier, item.slot) for item in items]
+        both = torch.cat([check.expected, check.got], 1).tolist()  # the one synchronisation: [n, 4]
         reasons: list[str | None] = []
-        for item, wrong in zip(items, self.checksums.mismatches(places, got), strict=True):
-            if wrong is None:
+        for item, (e1, e2, g1, g2) in zip(items, both, strict=True):
+            if (e1, e2) == (g1, g2):
                 reasons.append(None)
                 continue
             self.tags.clear(item.tier, [item.slot])
-            (e1, e2), (g1, g2) = wrong
             reasons.append(
                 f"checksum mismatch: {item.tier} slot {item.slot} (block {item.block_hash.hex()[:16]}): its "
                 f"bytes changed after they were stored (sums {_hex(e1)}/{_hex(e2)} stored, "
                 f"{_hex(g1)}/{_hex(g2)} read)"
             )
         return reasons
+
+    def verify_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> list[str | None]:
+        return self.refusals(items, self.check_read(items, sources))
 
     def load(self, items: Sequence[LoadItem]) -> KVBlocks:
         groups = _by_tier(items)
