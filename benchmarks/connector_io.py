@@ -5,9 +5,10 @@ cache) through the connector's worker code path, against a plain bf16 block copy
     python benchmarks/connector_io.py --tiny               # CPU smoke: 64 blocks × 2 layers × 2 heads × d64
 
 Path measured: ConnectorWorker.finish_step (stores: encode vLLM's blocks straight into their VRAM slots —
-tq_encode_blocks on CUDA, reading the cache in place —, checksum the slots, tag them) and
-ConnectorWorker.start_step (loads: check the slots' tags and checksums in place, decode — tq_dequantize_blocks
-with out_blocks on CUDA — straight into vLLM's blocks).
+tq_encode_layers on CUDA, one launch for every layer, reading the cache in place —, checksum the slots, tag
+them) and ConnectorWorker.start_step and take_load_errors (loads: check the slots' tags, checksum them in
+place and compare on the device, decode — tq_dequantize_layers on CUDA, one launch per side for every
+layer, skipping refused blocks — straight into vLLM's blocks, then learn the verdicts).
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
@@ -72,7 +73,8 @@ def bench_codec(
         1, loads=tuple(LoadItem(h, VRAM, i, b) for i, (h, b) in enumerate(zip(hashes, dst_ids, strict=True)))
     )
     t_save = timed(lambda: worker.finish_step(save), device, repeat)
-    t_load = timed(lambda: worker.start_step(load), device, repeat)
+    # a load as vLLM drives it: start_step, then the step's load errors (the checksum verdicts settled)
+    t_load = timed(lambda: (worker.start_step(load), worker.take_load_errors()), device, repeat)
     worker.finish_step(load)  # records the last load's step result
     report = worker.take_report()
     ok = report is not None and len(report.steps) == 2

@@ -11,7 +11,10 @@ Provides:
                                              there is nothing to warm or $TIERCACHE_WARM_START is 0)
         start_step(plan)                     remote uploads and fetches (remote_steps.py), loads (decode into
                                              vLLM's blocks; a failed fetch is a refused load), then submit
-                                             the jobs
+                                             the jobs. The loads' checksum verdicts are compared on the device
+                                             and read by the decode: the host learns them later (settled
+                                             before the jobs, in finish_step or in take_load_errors, whichever
+                                             comes first), so a load does not wait for its decode
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
@@ -68,6 +71,7 @@ class _Step:
     submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
     load_failures: list[LoadFailure] = field(default_factory=list)
     unfetched: dict[bytes, str] = field(default_factory=dict)  # remote fetches that failed: why
+    verdicts: tuple | None = None  # (load positions, LoadItems, ReadCheck): decoded, not yet settled
     ended: bool = False  # its StepResult is recorded
 
     @classmethod
@@ -147,10 +151,14 @@ class ConnectorWorker:
 
     # ------------------------------------------------------------------ per step
     def start_step(self, plan: StepPlan) -> None:
+        if self._step is not None:
+            self._settle(self._step)
         step = self._step = _Step.of(plan)
         step.unfetched = self._remote(plan)
         if plan.loads:
             self._load(step)
+        if plan.jobs:  # a refused block's slot is untagged before any job may read it
+            self._settle(step)
         for job in plan.jobs:
             self.tiers.submit(job)
             step.submitted.add(job.job_id)
@@ -168,6 +176,7 @@ class ConnectorWorker:
 
     def finish_step(self, plan: StepPlan) -> None:
         step = self._current(plan)
+        self._settle(step)
         if plan.stores:
             self._store(step)
         self._end(step)
@@ -178,6 +187,7 @@ class ConnectorWorker:
         """start_step raised: its loads not done are load errors (vLLM recomputes them) and its jobs not
         submitted are reported failed."""
         step = self._current(plan)
+        step.verdicts = None  # whatever was decoded is not counted: every load not settled is an error
         self._error(f"step {plan.step}: loading failed: {reason}")
         for item, ok in zip(plan.loads, step.loads_ok, strict=True):
             if not ok:
@@ -188,11 +198,16 @@ class ConnectorWorker:
                 step.submitted.add(job.job_id)
 
     def abandon_stores(self, plan: StepPlan, reason: str) -> None:
-        """finish_step raised: the step is reported with its stores failed (the manager releases them)."""
+        """finish_step raised: the step is reported with its stores failed (the manager releases them), and
+        its loads not settled yet are load errors."""
         self._error(f"step {plan.step}: storing failed: {reason}")
-        self._end(self._current(plan))
+        step = self._current(plan)
+        self._settle(step)
+        self._end(step)
 
     def take_load_errors(self) -> set[int]:
+        if self._step is not None:
+            self._settle(self._step)
         errors, self._load_errors = self._load_errors, set()
         return errors
 
@@ -249,13 +264,31 @@ class ConnectorWorker:
             if self.geometry.primary:
                 reasons = self.tiers.verify_read(items, sources)  # before any byte reaches vLLM's cache
                 self._copy_pages(items, sources, reasons)
-            else:  # the decode reads the verdicts on the device: no byte of a refused block is written
-                check = self.tiers.check_read(items, sources)
-                for source in sources:
-                    ids = [items[j].block_id for j in source.positions]
-                    ok = None if check is None else _part(check.ok, source.positions, len(items))
-                    decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
-                reasons = self.tiers.refusals(items, check)  # waits for the verdicts, once
+                self._record(step, todo, reasons)
+                return
+            # the decode reads the verdicts on the device: no byte of a refused block is written, and the
+            # host learns which blocks were refused later in the step (_settle), without waiting now
+            check = self.tiers.check_read(items, sources)
+            for source in sources:
+                ids = [items[j].block_id for j in source.positions]
+                ok = None if check is None else _part(check.ok, source.positions, len(items))
+                decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
+            step.verdicts = (todo, items, check)
+
+    def _settle(self, step: _Step) -> None:
+        """The step's decoded loads: ok, or refused with their reasons (waits for the checksum comparison
+        queued before the decode, not for the decode). Runs before vLLM reads this step's load errors."""
+        if step.verdicts is None:
+            return
+        todo, items, check = step.verdicts
+        try:
+            reasons = self.tiers.refusals(items, check)
+        except Exception as e:  # the verdicts are lost: none of these loads is served
+            reasons = [f"its checksum verdict could not be read ({type(e).__name__}: {e})"] * len(items)
+        step.verdicts = None
+        self._record(step, todo, reasons)
+
+    def _record(self, step: _Step, todo: list[int], reasons: list[str | None]) -> None:
         for j, reason in enumerate(reasons):
             if reason:
                 self._refuse(step, todo[j], reason)

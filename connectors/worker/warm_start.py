@@ -40,13 +40,13 @@ def warm_up(
     v_views: Sequence[BlockAccess],
     page_views: Sequence[PageViews],
 ) -> float:
-    """Encode vLLM's block 0 n times, checksum the copies and decode them back into blocks 0 … n−1
-    (checked as a load is), straight and through DRAM staging (primary mode: copy block 0's pages and
-    checksum them), for each n of WARM_COUNTS, through the serving path's own calls: the first requests
-    then pay no JIT compile. The cache holds no request yet when vLLM registers it, and vLLM writes a
-    block's KV before anything reads it, so what the decode leaves there is never read. No VRAM slot is
-    written; the DRAM slots written are untagged (nothing reads them before a store or a move rewrites
-    them)."""
+    """Encode vLLM's block 0 n times, checksum the copies and decode them as a load of n blocks into
+    distinct blocks 0 … n−1 would, with every flag but the first off (only block 0 is written), straight
+    and through DRAM staging (primary mode: copy block 0's pages and checksum them), for each n of
+    WARM_COUNTS, through the serving path's own calls: the first requests then pay no JIT compile. Block 0
+    is vLLM's null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no
+    request yet when vLLM registers it. No VRAM slot is written; the DRAM slots written are untagged
+    (nothing reads them before a store or a move rewrites them)."""
     if tiers.vram.device.type != "cuda":
         return 0.0
     if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
@@ -63,7 +63,10 @@ def warm_up(
         blocks = encode_blocks(codec, k_views, v_views, ids, layout)
         sums = checksums_of(blocks, rows)  # what a store records and a load verifies, read in place
         dst = list(range(min(n, k_views[0].num_blocks)))  # distinct destinations, as a load's
-        ok = (sums == sums).all(1)[: len(dst)] if tiers.checksums is not None else None
+        ok = (sums == sums).all(1)[: len(dst)]  # a load's flags, on the device …
+        ok[1:] = False  # … and only block 0 written
+        if tiers.checksums is None:  # no flags: one block, as nothing else may be written
+            dst, ok = dst[:1], None
         decode_blocks(codec, blocks, k_views, v_views, dst, rows[: len(dst)], ok)
         dram_slots = list(range(min(n, tiers.dram.num_blocks)))
         if dram_slots:

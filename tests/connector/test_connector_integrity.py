@@ -90,3 +90,48 @@ def test_a_changed_byte_is_refused_before_it_reaches_vllms_cache(codec, primary,
             for i, (_, _, src) in enumerate(SAVED):
                 if i != wrong:
                     assert torch.equal(cache[LOAD_INTO[i]], cache[src])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_refusals_are_known_when_vllm_asks_before_wait_for_save(device):
+    """vLLM reads a step's load errors before wait_for_save when it defers finalizing (speculative decoding):
+    the checksum verdicts settle there too, and the step's result still reports them."""
+    worker, _ = worker_for("tq4", False, device)
+    hashes = [bytes([i]) * 32 for i in range(len(SAVED))]
+    run(
+        worker,
+        StepPlan(0, stores=tuple(StoreItem(h, t, s, b) for h, (t, s, b) in zip(hashes, SAVED, strict=True))),
+    )
+    corrupt(worker, DRAM, 1, "k_packed", 1)
+    plan = StepPlan(
+        1, loads=tuple(LoadItem(h, t, s, d) for h, (t, s, _), d in zip(hashes, SAVED, LOAD_INTO, strict=True))
+    )
+    worker.start_step(plan)
+    assert worker.take_load_errors() == {LOAD_INTO[3]}
+    worker.finish_step(plan)
+    step = worker.take_report().steps[-1]
+    assert step.loads_ok == (True, True, True, False) and [f.index for f in step.load_failures] == [3]
+
+
+def test_a_verdict_that_cannot_be_read_refuses_every_load_of_its_step(monkeypatch):
+    worker, _ = worker_for("tq4", False, "cpu")
+    hashes = [bytes([i]) * 32 for i in range(len(SAVED))]
+    run(
+        worker,
+        StepPlan(0, stores=tuple(StoreItem(h, t, s, b) for h, (t, s, b) in zip(hashes, SAVED, strict=True))),
+    )
+
+    def broken(items, check):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(worker.tiers, "refusals", broken)
+    plan = StepPlan(
+        1, loads=tuple(LoadItem(h, t, s, d) for h, (t, s, _), d in zip(hashes, SAVED, LOAD_INTO, strict=True))
+    )
+    run(worker, plan)
+    assert worker.take_load_errors() == set(LOAD_INTO)
+    step = worker.take_report().steps[-1]
+    assert step.loads_ok == (False,) * 4
+    assert all(
+        "verdict could not be read (RuntimeError: device lost)" in f.reason for f in step.load_failures
+    )

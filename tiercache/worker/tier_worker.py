@@ -17,11 +17,13 @@ Provides:
         read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
                                        slots in place, DRAM blocks staged (DMA); no other copy
         check_read(items, sources) -> ReadCheck | None   the read blocks' checksums compared with those
-                                       recorded, on the device (ReadCheck.ok: [n] bool, per item); None
-                                       when checksums are off. The host does not wait.
+                                       recorded, on the device (ReadCheck.ok: [n] bool, per item), and the
+                                       sums on their way to pinned host memory; None when checksums are
+                                       off. The host does not wait.
         refusals(items, check) -> list[str | None]   per item, why its bytes cannot be served (they
                                        changed since they were stored: "checksum mismatch: …", the slot's
-                                       tag cleared); None: serve them. Waits for the check (one sync)
+                                       tag cleared); None: serve them. Waits for the check's own event
+                                       only, not for work queued after it (a decode)
         verify_read(items, sources)    refusals(items, check_read(items, sources))
         load(items) -> KVBlocks        a copy of the LoadItems' blocks, in item order
         verify(items, blocks) -> list[str | None]   verify_read for what load returned
@@ -60,9 +62,9 @@ from tiercache.worker.transfer import TransferEngine
 class ReadCheck:
     """A load's checksum comparison, queued on the device: item i's bytes are intact iff ok[i]."""
 
-    expected: torch.Tensor  # [n, 2] int64: the sums recorded when the blocks were stored
-    got: torch.Tensor  # [n, 2] int64: the sums of the bytes read
-    ok: torch.Tensor  # [n] bool
+    ok: torch.Tensor  # [n] bool, on the device
+    sums: torch.Tensor  # [n, 4] int64 on the host (pinned on CUDA): expected S1, S2, read S1, S2
+    ready: torch.cuda.Event | None  # recorded once sums is filled (None: it already is)
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,14 @@ class TierWorker:
                 at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
                 got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
         expected = self.checksums.expected([(item.tier, item.slot) for item in items])
-        return ReadCheck(expected, got, (expected == got).all(1))
+        both = torch.cat([expected, got], 1)
+        if both.device.type != "cuda":
+            return ReadCheck((expected == got).all(1), both, None)
+        sums = torch.empty(both.shape, dtype=torch.int64, pin_memory=True)
+        sums.copy_(both, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ReadCheck((expected == got).all(1), sums, ready)
 
     def refusals(self, items: Sequence[LoadItem], check: ReadCheck | None) -> list[str | None]:
         """A block whose bytes no longer have the checksum recorded when they were stored gets a reason, and
@@ -188,7 +197,9 @@ class TierWorker:
         scheduler drops the block on the failed load and frees the slot)."""
         if check is None:
             return [None] * len(items)
-        both = torch.cat([check.expected, check.got], 1).tolist()  # the one synchronisation: [n, 4]
+        if check.ready is not None:
+            check.ready.synchronize()
+        both = check.sums.tolist()
         reasons: list[str | None] = []
         for item, (e1, e2, g1, g2) in zip(items, both, strict=True):
             if (e1, e2) == (g1, g2):
