@@ -9,6 +9,9 @@ vLLM's native CPU offload (kv_offloading_size, bf16) and tiercache's connector w
 A turn: the user's fixed context of `--context` random tokens plus 32 tokens new in this round, then
 `--max-tokens` greedy tokens; users go one after another (each request alone), every user once a round.
 GPU memory is the same for every engine: tiercache's VRAM tier (`--vram-gib`) is taken from vLLM's KV cache.
+Engines run as `vllm serve` does by default (torch.compile and CUDA graphs; each engine compiles at start);
+`--eager` runs them eagerly instead (quicker to start, each decode step several times slower, so a turn's
+decode steps weigh more against its prefill).
 Reported per engine: each round's seconds, the steady rounds' mean (rounds 2 on), the share of prompt tokens
 not recomputed in steady rounds (vLLM's num_cached_tokens: GPU prefix hits plus tokens loaded from a tier),
 and the steady round time against native offload with the same host memory.
@@ -58,7 +61,7 @@ def child(args: argparse.Namespace) -> None:
     llm = LLM(
         model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_model_len=args.context + 32 + args.max_tokens + 16, enable_prefix_caching=True,
-        enforce_eager=True, kv_cache_memory_bytes=int(gpu_kv * 2**30), **options,
+        enforce_eager=args.eager, kv_cache_memory_bytes=int(gpu_kv * 2**30), **options,
     )  # fmt: skip
     rng = random.Random(7)
     contexts = [[rng.randrange(1000, 100_000) for _ in range(args.context)] for _ in range(args.users)]
@@ -80,6 +83,8 @@ def run_child(engine: str, args: argparse.Namespace) -> dict | str:
     command = [sys.executable, "-m", "benchmarks.serve_offload", "--child", "--engine", engine]
     for name in ("users", "context", "layers", "rounds", "max_tokens", "gpu_kv_gib", "vram_gib", "codec"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.eager:
+        command.append("--eager")
     return _child.run_child(command, env, engine)
 
 
@@ -110,6 +115,11 @@ def main() -> None:
     parser.add_argument("--tight-gib", type=float, default=8.0)
     parser.add_argument("--pressure-gib", type=float, default=4.0)
     parser.add_argument("--no-prefix", action="store_true", help="leave out the prefix-caching-only engine")
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="enforce_eager (no torch.compile, no CUDA graphs): faster to start, slower to decode",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -130,7 +140,8 @@ def main() -> None:
         return sum(r["s"] for r in later) / len(later), sum(r["cached"] for r in later) / len(later)
 
     print(f"\n{args.users} users × {args.context} tokens, {args.layers} layers, "
-          f"GPU KV {args.gpu_kv_gib:g} GiB, {args.rounds} rounds, codec {args.codec}")  # fmt: skip
+          f"GPU KV {args.gpu_kv_gib:g} GiB, {args.rounds} rounds, codec {args.codec}, "
+          f"{'eager' if args.eager else 'CUDA graphs'}")  # fmt: skip
     print("case | engine | host GiB | round s (each) | steady s | cached % (steady) | × native (time)")
     for case, engine, baseline in rows:
         res, mine = results[engine], steady(engine)
