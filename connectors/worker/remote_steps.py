@@ -29,7 +29,7 @@ from tiercache.config_remote import RemoteConfig
 from tiercache.remote.format import RemoteNamespace
 from tiercache.remote.store import open_store
 from tiercache.wire import RemoteCount, RemoteItem
-from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
+from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, batches_of, read_blocks, rows_of
 from tiercache.worker.tier_worker import TierWorker
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,11 @@ class RemoteSteps:
             for item, block in zip(todo, got, strict=True)
             if isinstance(block, str)
         )
-        if good:
-            rows = torch.stack([block.row for _, block in good])  # [n, dram_stride] uint8
-            sums = torch.tensor([block.checksum for _, block in good], dtype=torch.int64)  # [n, 2]
-            self.tiers.fill_dram([item for item, _ in good], rows, sums)
+        blocks = [block for _, block in good]
+        for run in batches_of(blocks):  # each get call's rows copied once, into their DRAM slots
+            rows = rows_of(blocks[run.start : run.stop])  # [n, dram_stride] uint8
+            sums = torch.tensor([block.checksum for block in blocks[run.start : run.stop]], dtype=torch.int64)
+            self.tiers.fill_dram([item for item, _ in good[run.start : run.stop]], rows, sums)
         for block_hash, reason in failed.items():
             logger.info("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
         return failed

@@ -85,6 +85,26 @@ def test_strided_sections_and_dram_like_views():
     assert torch.equal(block_checksums_host(odd), block_checksums_reference(odd))
 
 
+def test_host_path_split_over_threads_and_read_in_place(monkeypatch):
+    """Block-major DRAM rows (each section a strided view, read without a copy), split over threads by
+    blocks: the reference's bits, for every block and for listed ones."""
+    from tiercache.kernels import checksum_host
+    from tiercache.layout import BlockLayout
+    from tiercache.worker.pools import SECTIONS, block_views
+
+    monkeypatch.setattr(checksum_host, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    layout = BlockLayout(3, 16, 2, 36, 20)
+    g = torch.Generator().manual_seed(7)
+    values = torch.randint(0, 256, (7, 256 + layout.dram_stride), generator=g, dtype=torch.uint8)
+    blocks = block_views(values[:, 256:], layout)  # rows 256 bytes apart past a header, as a fetch's
+    sections = [getattr(blocks, name) for name in SECTIONS]
+    copies = [t.contiguous() for t in sections]
+    assert torch.equal(block_checksums_host(sections), block_checksums_reference(copies))
+    listed = torch.tensor([6, 2, 2, 0, 5])
+    assert torch.equal(block_checksums_host(sections, listed), block_checksums_reference(copies, listed))
+
+
 def test_sums_wrap_like_the_definition():
     """Words of 0xFFFFFFFF over more than 2^16 positions: S2 exceeds 2^64 and wraps the same everywhere."""
     section = torch.full((1, 2, 70000 * 4), 255, dtype=torch.uint8)

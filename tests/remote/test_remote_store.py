@@ -14,7 +14,7 @@ from tests.remote.remote_helpers import LAYOUT, hashes, namespace, rows, store
 from tiercache.remote.format import HEADER_BYTES, encode_value
 from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
-from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
+from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks, rows_of
 
 
 def _values(ns, keys, data):
@@ -41,6 +41,9 @@ def test_put_then_read_back_byte_exact(redis_server, n):
         got = read_blocks(s, keys)
         assert all(isinstance(b, RemoteBlock) for b in got), got
         assert torch.equal(torch.stack([b.row for b in got]), data)
+        whole = rows_of(got)  # one read, in order: its own rows, not a copy
+        assert torch.equal(whole, data) and whole.data_ptr() == got[0].row.data_ptr()
+        assert torch.equal(rows_of(got[::-1]), data.flip(0))  # another order: stacked
         assert [b.checksum for b in got] == [
             tuple(x) for x in checksums_of(block_views(data, LAYOUT)).tolist()
         ]

@@ -159,7 +159,7 @@ class RemoteStore:
         adapter = self._usable()
         if adapter is None:
             return [None] * n, [f"remote store down: {self._reason}"] * n
-        values = [torch.empty(self.namespace.value_bytes, dtype=torch.uint8) for _ in hashes]
+        values = list(torch.empty(n, self.namespace.value_bytes, dtype=torch.uint8))  # rows of one buffer
         objs = [_memory_obj(self._lmc, v) for v in values]
         task = adapter.submit_load_task([self._key(h) for h in hashes], objs)
         bitmap = self._wait(lambda: adapter.query_load_result(task))

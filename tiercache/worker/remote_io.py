@@ -12,6 +12,12 @@ Provides:
                                          block hash, size) and the payload's checksum; a str says why the
                                          block is a miss
     RemoteBlock                          row [dram_stride] uint8 (DRAM format), checksum (s1, s2)
+    rows_of(blocks) -> [n, dram_stride] uint8   the blocks' rows as one tensor: their batch's own when they
+                                         are all of it, in order (no copy), else stacked
+    batches_of(blocks) -> list[range]    runs of blocks that rows_of turns into a batch without a copy
+A read's values arrive in get calls whose values are rows of one buffer; read_blocks checks each such run
+as one strided view (header stripped, no copy) and keeps it as the blocks' batch, so that the fetch copies
+each block once, into its DRAM slot.
 
 The queue is bounded (max_blocks values of HEADER_BYTES + dram_stride bytes each); one daemon thread drains
 it in batches of up to batch_blocks through RemoteStore.put (timeouts and reconnects are the store's). A
@@ -26,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +48,36 @@ logger = logging.getLogger(__name__)
 class RemoteBlock:
     row: torch.Tensor  # [dram_stride] uint8, the DRAM tier's bytes of the block
     checksum: tuple[int, int]
+    batch: torch.Tensor | None = field(default=None, compare=False, repr=False)  # its read's rows: row is
+    index: int = field(default=0, compare=False, repr=False)  # batch[index]
+
+
+def rows_of(blocks: Sequence[RemoteBlock]) -> torch.Tensor:
+    batch = blocks[0].batch if blocks else None
+    if (
+        batch is not None
+        and len(blocks) == batch.shape[0]
+        and all(b.batch is batch and b.index == i for i, b in enumerate(blocks))
+    ):
+        return batch
+    return torch.stack([b.row for b in blocks])
+
+
+def batches_of(blocks: Sequence[RemoteBlock]) -> list[range]:
+    """Runs of consecutive blocks that are, in order, all the rows of one read's batch: rows_of each run
+    is that batch (no copy); any other block is a run of its own."""
+    runs: list[range] = []
+    k = 0
+    while k < len(blocks):
+        batch, end = blocks[k].batch, k + 1
+        if batch is not None and blocks[k].index == 0:
+            while end < len(blocks) and blocks[end].batch is batch and blocks[end].index == end - k:
+                end += 1
+            if end - k != batch.shape[0]:
+                end = k + 1
+        runs.append(range(k, end))
+        k = end
+    return runs
 
 
 class RemoteWriter:
@@ -144,18 +180,49 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
             continue
         parsed.append((len(out), header))
         out.append("")  # filled below
-    if parsed:
-        rows = torch.stack([payload for _, (_, payload) in parsed])  # [n, dram_stride] uint8
+    for run in _runs([payload for _, (_, payload) in parsed]):
+        rows = _rows(run, [payload for _, (_, payload) in parsed])  # [m, dram_stride] uint8
         got = checksums_of(block_views(rows, store.namespace.layout)).tolist()
-        for (i, (expected, _)), row, sums in zip(parsed, rows, got, strict=True):
+        for j, (k, sums) in enumerate(zip(run, got, strict=True)):
+            i, (expected, _) = parsed[k]
             if tuple(sums) == tuple(expected):
-                out[i] = RemoteBlock(row, (sums[0], sums[1]))
+                out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), rows, j)
             else:
                 out[i] = (
                     f"remote value refused: checksum mismatch (sums {_hex(expected[0])}/{_hex(expected[1])} "
                     f"stored, {_hex(sums[0])}/{_hex(sums[1])} read)"
                 )
     return out
+
+
+def _runs(payloads: Sequence[torch.Tensor]) -> list[range]:
+    """Maximal runs of payloads that sit in one buffer at one spacing, in order (a get call's values are rows
+    of one tensor): each run is read as one strided [m, dram_stride] view, without a copy."""
+    runs: list[range] = []
+    start = 0
+    for k in range(1, len(payloads) + 1):
+        if k < len(payloads) and _follows(payloads, start, k):
+            continue
+        runs.append(range(start, k))
+        start = k
+    return runs
+
+
+def _follows(payloads: Sequence[torch.Tensor], start: int, k: int) -> bool:
+    a, b = payloads[k - 1], payloads[k]
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    step = b.data_ptr() - a.data_ptr()
+    first = payloads[start + 1].data_ptr() - payloads[start].data_ptr() if k > start + 1 else step
+    return step == first and step >= a.numel()
+
+
+def _rows(run: range, payloads: Sequence[torch.Tensor]) -> torch.Tensor:
+    first = payloads[run.start]
+    if len(run) == 1:
+        return first.unsqueeze(0)
+    step = payloads[run.start + 1].data_ptr() - first.data_ptr()
+    return first.as_strided((len(run), first.numel()), (step, 1))
 
 
 def _hex(value: int) -> str:
