@@ -232,8 +232,10 @@ class ConnectorWorker:
     # ------------------------------------------------------------------ loads and stores
     def _current(self, plan: StepPlan) -> _Step:
         """The state of this plan's step. A plan whose start_step never ran gets a fresh state, and its
-        loads, never done, become load errors."""
+        loads, never done, become load errors (the step it replaces has its verdicts settled first)."""
         if self._step is None or self._step.plan is not plan:
+            if self._step is not None:
+                self._settle(self._step)
             self._step = _Step.of(plan)
             if plan.loads:
                 self._error(f"step {plan.step}: its {len(plan.loads)} loads never started")

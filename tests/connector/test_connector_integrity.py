@@ -135,3 +135,19 @@ def test_a_verdict_that_cannot_be_read_refuses_every_load_of_its_step(monkeypatc
     assert all(
         "verdict could not be read (RuntimeError: device lost)" in f.reason for f in step.load_failures
     )
+
+
+def test_a_step_replaced_before_its_end_still_reports_its_refusals():
+    """A step whose finish never came (the next plan arrived first) has its verdicts settled when it is
+    replaced: its refused load is still a load error for vLLM."""
+    worker, _ = worker_for("tq4", False, "cpu")
+    hashes = [bytes([i]) * 32 for i in range(len(SAVED))]
+    run(
+        worker,
+        StepPlan(0, stores=tuple(StoreItem(h, t, s, b) for h, (t, s, b) in zip(hashes, SAVED, strict=True))),
+    )
+    corrupt(worker, VRAM, 0, "v_norms", 0)
+    loads = tuple(LoadItem(h, t, s, d) for h, (t, s, _), d in zip(hashes, SAVED, LOAD_INTO, strict=True))
+    worker.start_step(StepPlan(1, loads=loads))
+    worker.finish_step(StepPlan(2))  # another plan: step 1 is replaced
+    assert worker.take_load_errors() == {LOAD_INTO[0]}
