@@ -164,8 +164,11 @@ class TierCacheConfig:
         host_bytes: int | None = None,
         device_bytes: int | None = None,
         check_device: bool = True,
+        device_extra: tuple[int, str] = (0, ""),
     ) -> None:
         """Fail (ConfigError, with both numbers) when a tier asks for more memory than the machine has.
+        device_extra: (bytes, what) the tiers also keep in the VRAM tier's memory beside its pool (the
+        worker's per-slot checksum tables), added to what tiers.vram asks and named in the message.
 
         Token sizes are checked only when bytes_per_token is given; GPU memory only when known (CUDA) and
         check_device (the scheduler process passes False: it must not initialize CUDA). Where GPU memory is
@@ -184,12 +187,16 @@ class TierCacheConfig:
             if have is None or (size.tokens is not None and bytes_per_token is None):
                 continue
             asked = size.to_bytes(bytes_per_token)
+            extra = ""
+            if key == "tiers.vram" and device_extra[0]:
+                asked += device_extra[0]
+                extra = f" with {device_extra[1]} ({format_bytes(device_extra[0])})"
             if asked > have:
                 has = f"this machine has {format_bytes(have)} ({have:,} bytes) of {what}"
                 if what != "GPU memory" and key == "tiers.vram":
                     has = f"no GPU has more than {format_bytes(have)}, nor this host"
                 raise ConfigError(
-                    f"{key}: {size} asks for {format_bytes(asked)} ({asked:,} bytes) but {has} "
+                    f"{key}: {size}{extra} asks for {format_bytes(asked)} ({asked:,} bytes) but {has} "
                     f"({self.source}); lower {key}"
                 )
 

@@ -170,3 +170,17 @@ def test_memory_check_names_both_numbers():
     tokens.check_memory(host_bytes=2**30)  # unknown bytes per token: not checkable yet
     with pytest.raises(ConfigError, match="2,000,000 tokens"):
         tokens.check_memory(bytes_per_token=1024, host_bytes=2**30)
+
+
+def test_memory_check_counts_what_the_tiers_keep_beside_the_vram_pool():
+    """The worker's per-slot checksum tables live on the GPU with the VRAM tier: a tier that fits alone but
+    not with them is refused, and the message names them."""
+    cfg = TierCacheConfig.from_dict({"tiers": {"vram": "1GiB", "dram": "8GiB"}})
+    cfg.check_memory(host_bytes=2**40, device_bytes=2**30)
+    named = r"tiers.vram: 1.00 GiB with the block checksums of its 1,000 slots \(15.62 KiB\)"
+    with pytest.raises(ConfigError, match=named):
+        cfg.check_memory(
+            host_bytes=2**40,
+            device_bytes=2**30,
+            device_extra=(16_000, "the block checksums of its 1,000 slots"),
+        )

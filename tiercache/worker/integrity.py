@@ -7,6 +7,7 @@ Provides:
                                              ids [n]: of those blocks of [L, NB, …] sections (a pool's, read
                                              in place)
     SlotChecksums(capacities, device)        {tier: slots}; one [slots, 2] int64 table per tier on `device`
+                                             (SLOT_CHECKSUM_BYTES a slot)
         record(tier, slots, sums)            these slots now hold bytes with these checksums
         get(tier, slots) -> [n, 2] int64     the sums recorded for these slots
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
@@ -37,6 +38,9 @@ def checksums_of(blocks: KVBlocks, ids: torch.Tensor | None = None) -> torch.Ten
     if sections[0].device.type == "cuda":
         return block_checksums(sections, ids)
     return block_checksums_host(sections, ids)
+
+
+SLOT_CHECKSUM_BYTES = 16  # (S1, S2) int64 per slot
 
 
 class SlotChecksums:

@@ -52,7 +52,7 @@ import torch
 
 from tiercache.layout import BlockLayout, tier_capacities
 from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, RemoteItem, StoreItem, TransferJob
-from tiercache.worker.integrity import SlotChecksums, checksums_of
+from tiercache.worker.integrity import SLOT_CHECKSUM_BYTES, SlotChecksums, checksums_of
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
@@ -104,10 +104,13 @@ class TierWorker:
         pin: bool | None = None,
     ) -> TierWorker:
         """Allocate this rank's pools for a config (fails at start, with both numbers, when a tier asks for
-        more memory than the machine has)."""
+        more memory than the machine has; the VRAM tier's share counts the per-slot checksum tables, which
+        live on the pools' device for both tiers)."""
         device = torch.device(device)
-        config.check_memory(layout.bytes_per_token, check_device=device.type == "cuda")
         capacity = tier_capacities(config, layout)
+        slots = capacity[VRAM] + capacity[DRAM]
+        sums = (SLOT_CHECKSUM_BYTES * slots, f"the block checksums of its {slots:,} VRAM and DRAM slots")
+        config.check_memory(layout.bytes_per_token, check_device=device.type == "cuda", device_extra=sums)
         return cls.create(layout, capacity[VRAM], capacity[DRAM], codec_id, device, pin)
 
     @classmethod
