@@ -39,7 +39,6 @@ before any of its bytes reaches vLLM's cache, and a failed load, store or transf
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
@@ -47,39 +46,20 @@ from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
 from tiercache.pages import PageViews, as_pages
 from tiercache.remote.format import RemoteNamespace
-from tiercache.wire import VRAM, JobResult, LoadFailure, StepPlan, StepResult, WorkerReport
+from tiercache.wire import JobResult, StepPlan, StepResult, WorkerReport
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
-from .codec_io import decode_blocks, encode_blocks, encode_into
 from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
-from .page_io import load_pages, save_pages
 from .remote_steps import RemoteSteps
+from .step_io import StepIO, StepState
 from .warm_start import warm_up
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Step:
-    """One step's plan and how far it got (items turn ok only once done)."""
-
-    plan: StepPlan
-    loads_ok: list[bool]
-    stores_ok: list[bool]
-    submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
-    load_failures: list[LoadFailure] = field(default_factory=list)
-    unfetched: dict[bytes, str] = field(default_factory=dict)  # remote fetches that failed: why
-    verdicts: tuple | None = None  # (load positions, LoadItems, ReadCheck): decoded, not yet settled
-    ended: bool = False  # its StepResult is recorded
-
-    @classmethod
-    def of(cls, plan: StepPlan) -> _Step:
-        return cls(plan, [False] * len(plan.loads), [False] * len(plan.stores))
-
-
-class ConnectorWorker:
+class ConnectorWorker(StepIO):
     def __init__(self, config: TierCacheConfig, geometry: Geometry, rank: int = 0, model: str = "") -> None:
         self.config = config
         self.rank = rank
@@ -93,7 +73,7 @@ class ConnectorWorker:
         self.k_views: list[BlockAccess] = []
         self.v_views: list[BlockAccess] = []
         self.page_views: list[PageViews] = []  # primary mode
-        self._step: _Step | None = None
+        self._step: StepState | None = None
         self._load_errors: set[int] = set()
         self._steps: list[StepResult] = []
         self._jobs: list[JobResult] = []
@@ -153,7 +133,7 @@ class ConnectorWorker:
     def start_step(self, plan: StepPlan) -> None:
         if self._step is not None:
             self._settle(self._step)
-        step = self._step = _Step.of(plan)
+        step = self._step = StepState.of(plan)
         step.unfetched = self._remote(plan)
         if plan.loads:
             self._load(step)
@@ -230,19 +210,19 @@ class ConnectorWorker:
             self.remote = None
 
     # ------------------------------------------------------------------ loads and stores
-    def _current(self, plan: StepPlan) -> _Step:
+    def _current(self, plan: StepPlan) -> StepState:
         """The state of this plan's step. A plan whose start_step never ran gets a fresh state, and its
         loads, never done, become load errors (the step it replaces has its verdicts settled first)."""
         if self._step is None or self._step.plan is not plan:
             if self._step is not None:
                 self._settle(self._step)
-            self._step = _Step.of(plan)
+            self._step = StepState.of(plan)
             if plan.loads:
                 self._error(f"step {plan.step}: its {len(plan.loads)} loads never started")
                 self._load_errors.update(item.block_id for item in plan.loads)
         return self._step
 
-    def _end(self, step: _Step) -> None:
+    def _end(self, step: StepState) -> None:
         if not step.ended:
             step.ended = True
             result = StepResult(
@@ -250,100 +230,6 @@ class ConnectorWorker:
             )
             self._steps.append(result)
 
-    def _load(self, step: _Step) -> None:
-        todo = []
-        for i, item in enumerate(step.plan.loads):
-            reason = step.unfetched.get(item.block_hash) or self.tiers.refusal(item)
-            if reason:
-                self._refuse(step, i, reason)
-            else:
-                todo.append(i)
-        if not todo:
-            return
-        items = [step.plan.loads[i] for i in todo]
-        with self.timer.measure("load", len(items), len(items) * self.layout.block_bytes):
-            sources = self.tiers.read(items)  # VRAM slots in place, DRAM blocks staged on the device
-            if self.geometry.primary:
-                reasons = self.tiers.verify_read(items, sources)  # before any byte reaches vLLM's cache
-                self._copy_pages(items, sources, reasons)
-                self._record(step, todo, reasons)
-                return
-            # the decode reads the verdicts on the device: no byte of a refused block is written, and the
-            # host learns which blocks were refused later in the step (_settle), without waiting now
-            check = self.tiers.check_read(items, sources)
-            for source in sources:
-                ids = [items[j].block_id for j in source.positions]
-                ok = None if check is None else _part(check.ok, source.positions, len(items))
-                decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
-            step.verdicts = (todo, items, check)
-
-    def _settle(self, step: _Step) -> None:
-        """The step's decoded loads: ok, or refused with their reasons (waits for the checksum comparison
-        queued before the decode, not for the decode). Runs before vLLM reads this step's load errors."""
-        if step.verdicts is None:
-            return
-        todo, items, check = step.verdicts
-        try:
-            reasons = self.tiers.refusals(items, check)
-        except Exception as e:  # the verdicts are lost: none of these loads is served
-            reasons = [f"its checksum verdict could not be read ({type(e).__name__}: {e})"] * len(items)
-        step.verdicts = None
-        self._record(step, todo, reasons)
-
-    def _record(self, step: _Step, todo: list[int], reasons: list[str | None]) -> None:
-        for j, reason in enumerate(reasons):
-            if reason:
-                self._refuse(step, todo[j], reason)
-            else:
-                step.loads_ok[todo[j]] = True
-
-    def _copy_pages(self, items: list, sources: list, reasons: list[str | None]) -> None:
-        """Primary mode: the intact blocks' pages copied into vLLM's blocks."""
-        for source in sources:
-            keep = [k for k, j in enumerate(source.positions) if not reasons[j]]
-            if keep:
-                ids = [items[source.positions[k]].block_id for k in keep]
-                src = source.ids if len(keep) == len(source.positions) else source.ids[keep]
-                load_pages(source.blocks, self.page_views, ids, src)
-
-    def _refuse(self, step: _Step, i: int, reason: str) -> None:
-        """Load i of the step is not served: vLLM recomputes its block; the scheduler learns why."""
-        item = step.plan.loads[i]
-        self._error(f"load of block {item.block_hash.hex()[:16]} refused: {reason}")
-        self._load_errors.add(item.block_id)
-        step.load_failures.append(LoadFailure(i, reason))
-
-    def _store(self, step: _Step) -> None:
-        """Offload mode encodes VRAM-tier stores straight into their slots (encode_into); DRAM-tier stores,
-        and primary mode's page copies, go through one [L, n, …] copy (TierWorker.store)."""
-        stores = step.plan.stores
-        with self.timer.measure("store", len(stores), len(stores) * self.layout.block_bytes):
-            in_place = [] if self.geometry.primary else [s for s in stores if s.tier == VRAM]
-            if in_place:
-                ids = [s.block_id for s in in_place]
-                self.tiers.store_in_place(
-                    in_place,
-                    lambda pool, slots: encode_into(
-                        self.codec, self.k_views, self.v_views, ids, self.layout, pool, slots
-                    ),
-                )
-            copied = [s for s in stores if self.geometry.primary or s.tier != VRAM]
-            if copied:
-                ids = [s.block_id for s in copied]
-                if self.geometry.primary:
-                    blocks = save_pages(self.page_views, ids)
-                else:
-                    blocks = encode_blocks(self.codec, self.k_views, self.v_views, ids, self.layout)
-                self.tiers.store(copied, blocks)
-        step.stores_ok[:] = [True] * len(stores)
-
     def _error(self, reason: str) -> None:
         logger.warning("tiercache: %s", reason)
         self._errors.append(reason)
-
-
-def _part(flags: torch.Tensor, positions: list[int], total: int) -> torch.Tensor:
-    """flags[positions] (flags itself when the positions are all of them, in order)."""
-    if len(positions) == total:
-        return flags
-    return flags[torch.as_tensor(positions, dtype=torch.int64, device=flags.device)]
