@@ -54,7 +54,8 @@ def child(args: argparse.Namespace) -> None:
     elif kind == "tiercache":
         gpu_kv -= args.vram_gib  # the VRAM tier comes out of the same GPU memory
         tiers = {"vram": f"{int(args.vram_gib * 1024)}MiB", "dram": f"{int(float(host_gib) * 1024)}MiB"}
-        extra = {"codec": args.codec, "tiers": tiers, "eviction": {"policy": policy},
+        eviction = {"policy": policy, "advisor_interval": f"{args.advisor_ms}ms"}
+        extra = {"codec": args.codec, "tiers": tiers, "eviction": eviction,
                  "inspect": {"socket": "off"}}  # fmt: skip
         options = {"kv_transfer_config": {"kv_connector": "TierCacheConnector", "kv_role": "kv_both",
                                           "kv_connector_extra_config": extra}}  # fmt: skip
@@ -81,7 +82,18 @@ def child(args: argparse.Namespace) -> None:
 def run_child(engine: str, args: argparse.Namespace) -> dict | str:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     command = [sys.executable, "-m", "benchmarks.serve_offload", "--child", "--engine", engine]
-    for name in ("users", "context", "layers", "rounds", "max_tokens", "gpu_kv_gib", "vram_gib", "codec"):
+    names = (
+        "users",
+        "context",
+        "layers",
+        "rounds",
+        "max_tokens",
+        "gpu_kv_gib",
+        "vram_gib",
+        "codec",
+        "advisor_ms",
+    )
+    for name in names:
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.eager:
         command.append("--eager")
@@ -115,6 +127,12 @@ def main() -> None:
     parser.add_argument("--tight-gib", type=float, default=8.0)
     parser.add_argument("--pressure-gib", type=float, default=4.0)
     parser.add_argument("--no-prefix", action="store_true", help="leave out the prefix-caching-only engine")
+    parser.add_argument(
+        "--advisor-ms",
+        type=int,
+        default=500,
+        help="tiercache's eviction.advisor_interval in ms (max_stale: the config's default for it)",
+    )
     parser.add_argument(
         "--eager",
         action="store_true",
