@@ -107,7 +107,7 @@ def engines(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         gib = {"fits": args.fits_gib, "tight": args.tight_gib, "pressure": args.pressure_gib}[case]
         native = f"native:{gib * K8V4_SHRINK if case == 'pressure' else gib:g}:-"
         rows.append((case, native, ""))
-        for policy in ("graph", "lru") if case == "pressure" else ("graph",):
+        for policy in args.policies.split(",") if case == "pressure" else ("graph",):
             rows.append((case, f"tiercache:{gib:g}:{policy}", native))
     return rows
 
@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--tight-gib", type=float, default=8.0)
     parser.add_argument("--pressure-gib", type=float, default=4.0)
     parser.add_argument("--no-prefix", action="store_true", help="leave out the prefix-caching-only engine")
+    parser.add_argument("--policies", default="graph,lru", help="tiercache policies, pressure case")
     parser.add_argument(
         "--advisor-ms",
         type=int,
