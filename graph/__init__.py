@@ -3,7 +3,8 @@
 - `KVCacheGraph` (kvgraph.py): blocks and their five edge types, fed by the manager's notifications; its
   per-block counters and their update rules are the scoring core (`BlockCounters`, counters.py), which the
   replay's graph policy drives too. It keeps no recency order: the tier manager owns the one order.
-- `GraphEvictionAdvisor`, `Snapshot` (advisor.py): background ranking, lock-free hot-path reads.
+- `GraphEvictionAdvisor`, `Snapshot` (advisor.py): background ranking, lock-free hot-path reads; its
+  thread ranks soon after the graph changes, at most a fifth of the time (cadence.py).
 - `EvictionDecision` (events.py): one eviction as data.
 - `ScoreWeights`, `ScoreComponents`, `SOURCES` (scoring.py): the documented score formula.
 - `ReuseStats` (reuse.py): each block class's reuse probability, learned online (a term of the score).

@@ -13,14 +13,21 @@ Provides `GraphEvictionAdvisor` and `Snapshot`. Typical use by the tier manager:
     advisor.explain(h)                              # ScoreComponents of one block, now
     advisor.admission(h, parent, "dram", candidates)  # AdmissionDecision: do not store h; or None: store it
 
-One cycle (`refresh()`): copy the counters and the learned probabilities under the graph's lock (memcpy),
-then — outside the lock — score every block (`scoring.priority_array`, and `loop_priority_array` for the
-blocks ranked by their loop), keep the leaves of each tier (no cached child in that tier or a faster one)
-and sort them, lowest priority first. The result is an immutable `Snapshot` (rankings, their priorities,
-the clocks) published by one reference assignment. Readers take the reference and walk its tuples: no
-lock, no per-call scoring. A snapshot older than `max_stale_s` (or none yet) is not trusted:
-`choose_victims` falls back to LRU (leaves first still; the order the tier manager passes, or without one
-the graph's `lru_fallback_order`) and each decision says so; `admission` stores everything.
+The thread (`start()`; its schedule is `tiercache.graph.cadence`'s) runs a cycle soon after the graph
+changes (a store, hit, move, removal or declined offer: `graph.changes`), resting after each cycle at least
+max(`cadence.MIN_GAP_S`, `cadence.BUSY_FACTOR` × its duration), so that it ranks at most a fifth of the
+time. `interval_s` is the longest wait between cycles (from one's end to the next's start), changed or
+not, and caps the rest: a snapshot is renewed at least as often as on a fixed `interval_s` schedule.
+
+One cycle (`refresh()`, also callable synchronously): copy the counters and the learned probabilities
+under the graph's lock (memcpy), then — outside the lock — score every block (`scoring.priority_array`,
+and `loop_priority_array` for the blocks ranked by their loop), keep the leaves of each tier (no cached
+child in that tier or a faster one) and sort them, lowest priority first. The result is an immutable
+`Snapshot` (rankings, their priorities, the clocks, the cycle's duration) published by one reference
+assignment. Readers take the reference and walk its tuples: no lock, no per-call scoring. A snapshot older
+than `max_stale_s` (or none yet) is not trusted: `choose_victims` falls back to LRU (leaves first still;
+the order the tier manager passes, or without one the graph's `lru_fallback_order`) and each decision says
+so; `admission` stores everything.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from types import MappingProxyType
 import numpy as np
 
 from tiercache.graph import scoring
+from tiercache.graph.cadence import run_cycles
 from tiercache.graph.events import AdmissionDecision, EvictionDecision
 from tiercache.graph.kvgraph import KVCacheGraph
 from tiercache.graph.scoring import ScoreComponents
@@ -85,7 +93,7 @@ class GraphEvictionAdvisor:
             return
         self._stop.clear()
         self._thread = threading.Thread(
-            target=_run, args=(weakref.ref(self), self._stop, self.interval_s), name="tiercache-advisor"
+            target=run_cycles, args=(weakref.ref(self), self._stop, self.interval_s), name="tiercache-advisor"
         )
         self._thread.daemon = True
         weakref.finalize(self, self._stop.set)
@@ -322,14 +330,3 @@ def _loop_reason(comp: ScoreComponents) -> str:
         f"; ranked by its loop: back every {comp.gap:,.0f} block requests, beyond recency's reach, {due}: "
         "the newest arrival of a loop goes first so that the blocks kept stay kept"
     )
-
-
-def _run(ref: weakref.ref, stop: threading.Event, interval_s: float) -> None:
-    """The thread body: holds the advisor only during a cycle, so dropping the advisor ends the thread."""
-    while not stop.is_set():
-        advisor = ref()
-        if advisor is None:
-            return
-        advisor.refresh()
-        del advisor
-        stop.wait(interval_s)

@@ -28,6 +28,8 @@ Update rules (`_store`, `_hit`, `_move`, `_remove`; the caller holds the graph's
 Queries (no lock; the notifying thread): `tier_of`, `tier_size`, `is_evictable`, `parent_of`,
 `score_inputs` (one block's score arguments), `lru_fallback_order(tier)`, `check_invariants()`, and for an
 incremental ranking such as the replay's heaps `rank_key(h, horizon)` and `evictable_seq(h, tier)`.
+`changes` (any thread, no lock): a number that grows with every update that can change a ranking (store,
+hit, move, removal, declined offer); the advisor's thread polls it to rank again only after a change.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class BlockCounters(AdmissionRules):
         self._size = [0] * len(tiers)  # blocks per tier: the score's `horizon`
         self._stores = [0] * len(tiers)  # blocks stored or moved into each tier so far: the score's `tick`
         self._accesses = 0  # stores, hits and moves so far: the `seq` column
+        self._removals = 0  # blocks removed so far (with `vt` and `_accesses`: `changes`)
         self._protected = tuple(weights.is_protected(code) for code in range(len(SOURCES)))
         self.vt = 0  # block requests so far (stores, hits by a new request, declined offers): `last_vt`
         self._recent = RecencyOrder()  # recency's reach: the last len(self) distinct blocks requested
@@ -71,6 +74,13 @@ class BlockCounters(AdmissionRules):
 
     def __len__(self) -> int:
         return len(self._slot)
+
+    @property
+    def changes(self) -> int:
+        """Grows with every store, hit, move, removal and declined offer, and with nothing else (edges,
+        sketches): every update a ranking depends on. Three int reads, each counter only grows: a thread
+        that reads it without the lock sees any update finished before the read."""
+        return self.vt + self._accesses + self._removals
 
     def tier_index(self, tier: str) -> int:
         """Index of a tier name (0 = fastest); ValueError naming the valid tiers."""
@@ -287,6 +297,7 @@ class BlockCounters(AdmissionRules):
             self._update_leaf(p)
         del self._leaf_in[block_hash]
         self._size[t] -= 1
+        self._removals += 1
         self._hashes[s] = None
         self.reuse.evicted(
             block_hash, tb.reuse_class.item(s), len(self._slot), tb.last_vt.item(s), tb.gap.item(s),

@@ -7,7 +7,9 @@ Provides:
                                             (called where capacities are computed: layout.tier_capacities)
     TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off;
                         remote: RemoteConfig | None (config_remote.py), a store shared by engines
-    EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite)
+    EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite);
+                        advisor_interval is the longest wait between the advisor's re-rankings (it
+                        re-ranks sooner after a change: tiercache.graph.cadence)
     InspectConfig       socket: a unix socket path, "auto" or "off"; recent_requests (128) and
                         remembered_departures (65536): what explain_request can answer from
     CONFIG_ENV          "TIERCACHE_CONFIG": the file load() reads when no path is given
@@ -72,7 +74,7 @@ class TiersConfig:
 @dataclass(frozen=True)
 class EvictionConfig:
     policy: str = "graph"
-    advisor_interval: float = 0.5  # seconds
+    advisor_interval: float = 0.5  # seconds: the longest wait between re-rankings (a change re-ranks sooner)
     max_stale: float = 2.0  # seconds; an older advisor snapshot → LRU fallback, recorded in the decision
 
 

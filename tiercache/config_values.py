@@ -6,7 +6,8 @@ Provides:
     section(data, name, source) -> dict    a section (tiers, eviction, inspect): a mapping, or {} if left out
     tier_size(key, raw, source) -> Size    tiers.vram / tiers.dram (VRAM must not be 0)
     eviction_values(section, source) -> (policy, advisor_interval, max_stale)   durations > 0, finite,
-                                           max_stale ≥ advisor_interval
+                                           max_stale ≥ advisor_interval (the longest wait between the
+                                           advisor's re-rankings: an idle ranking is never too stale)
     socket_value(raw, source) -> str       inspect.socket
     inspect_values(section, source) -> dict   InspectConfig's fields (socket, recent_requests, …)
     codec_spec(raw, source) -> KVCodecSpec codec: a preset or {keys, values, seed, rotation, *_codebook,
@@ -105,7 +106,8 @@ def tier_size(key: str, raw: Any, source: str) -> Size:
 
 
 def eviction_values(section: dict[str, Any], source: str) -> tuple[str, float, float]:
-    """(policy, advisor_interval, max_stale); max_stale left out is max(2s, 4 × advisor_interval)."""
+    """(policy, advisor_interval, max_stale); max_stale left out is max(2s, 4 × advisor_interval).
+    advisor_interval is the longest wait between re-rankings (a change to the graph re-ranks sooner)."""
     policy = _choice("eviction.policy", section.get("policy", "graph"), POLICIES, source)
     interval = _positive("eviction.advisor_interval", section.get("advisor_interval", 0.5), source)
     if "max_stale" not in section:
