@@ -6,14 +6,15 @@ cache) through the connector's worker code path, against a plain bf16 block copy
 
 Path measured: ConnectorWorker.finish_step (stores: encode vLLM's blocks straight into their VRAM slots —
 tq_encode_layers on CUDA, one launch for every layer, reading the cache in place —, checksum the slots, tag
-them) and ConnectorWorker.start_step and take_load_errors (loads: check the slots' tags, checksum them in
-place and compare on the device, decode — tq_dequantize_layers on CUDA, one launch per side for every
-layer, skipping refused blocks — straight into vLLM's blocks, then learn the verdicts).
+them) and ConnectorWorker.start_step and take_load_errors (loads: check the slots' tags, decode —
+tq_dequantize_layers on CUDA, one launch per side for every layer, each program summing its (layer, side)
+piece and comparing the sums with the recorded ones before it writes — straight into vLLM's blocks, then
+learn the verdicts).
 The paged cache uses the FLASH_ATTN logical layout [NB, H, BS, 2·D] (K‖V per token). Baseline: the same
 blocks copied bf16 → bf16 (index_select into a pool / index_copy_ back). GB/s counts bf16 KV bytes (what
 the blocks hold in vLLM), so the columns compare directly; the median of --repeat runs is reported.
 Each codec runs on two workers with the same caches, alternated --rounds times (medians over the rounds):
-block checksums on (as served: computed from the encoded bytes on save, verified before decoding on load) and
+piece checksums on (as served: computed from the encoded bytes on save, verified by the decode on load) and
 off; the last table is what they cost (issue 26 target: ≤ 5 % of the save and of the load).
 """
 

@@ -41,7 +41,7 @@ from tiercache.config_remote import RemoteConfig
 from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace
 from tiercache.remote.store import RemoteStore
-from tiercache.worker.integrity import checksums_of
+from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
 
@@ -87,7 +87,8 @@ def measure(server: RedisServer, ns: RemoteNamespace, blocks: int, get_batch: in
     """Put then get `blocks` blocks `repeat` times (the same keys: later puts overwrite); the median times."""
     g = torch.Generator().manual_seed(0)
     pool = torch.randint(0, 256, (POOL_ROWS, ns.layout.dram_stride), dtype=torch.uint8, generator=g)
-    sums = [(int(a), int(b)) for a, b in checksums_of(block_views(pool, ns.layout)).tolist()]
+    pieces = checksums_of(block_views(pool, ns.layout))
+    sums = [(int(a), int(b)) for a, b in block_checksum(pieces, ns.layout).tolist()]
     hashes = [i.to_bytes(4, "little") * 4 for i in range(blocks)]
     batches = [hashes[i : i + get_batch] for i in range(0, blocks, get_batch)]
     store = RemoteStore(RemoteConfig(url=server.url, timeout=60.0), ns)

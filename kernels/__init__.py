@@ -2,16 +2,16 @@
 
 VRAM-tier format (one layer): packed [num_blocks, block_size, num_kv_heads, packed_dim] uint8 and
 norms [num_blocks, block_size, num_kv_heads] float32; slot = block * block_size + offset.
-Kernels: tq_encode_store, tq_encode_blocks, tq_dequantize_blocks, tq_decode_attention, block_checksums;
+Kernels: tq_encode_store, tq_encode_blocks, tq_dequantize_blocks, tq_decode_attention, piece_checksums;
 tq_encode_layers and tq_dequantize_layers run every layer of a model in one launch (PagedLayers)
 (Triton on CUDA and under TRITON_INTERPRET=1, the PyTorch references in kernels/reference.py elsewhere;
-block_checksums_host for checksums); torch.library ops in .ops.
+piece_checksums_host for checksums); torch.library ops in .ops.
 Launch choices: EncodeLaunchConfig, DequantizeLaunchConfig, DecodeLaunchConfig (kernels/launch_config.py),
 passed to a launcher as config= (None: the defaults).
 """
 
-from .checksum import block_checksums
-from .checksum_host import block_checksums_host
+from .checksum import fold_pieces, piece_checksums, piece_words
+from .checksum_host import piece_checksums_host
 from .codec import SUPPORTED_HEAD_DIMS, TurboQuantCodec
 from .decode_attention import DecodeWorkspace, tq_decode_attention
 from .dequantize import tq_dequantize_blocks, tq_dequantize_layers
@@ -28,9 +28,11 @@ __all__ = [
     "EncodeLaunchConfig",
     "PagedLayers",
     "TurboQuantCodec",
-    "block_checksums",
-    "block_checksums_host",
+    "fold_pieces",
     "pack_indices",
+    "piece_checksums",
+    "piece_checksums_host",
+    "piece_words",
     "tq_decode_attention",
     "tq_dequantize_blocks",
     "tq_dequantize_layers",

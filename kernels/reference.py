@@ -1,4 +1,4 @@
-"""Plain-PyTorch references for the three TurboQuant cache kernels and the block checksum; also their CPU
+"""Plain-PyTorch references for the three TurboQuant cache kernels and the piece checksums; also their CPU
 fallback.
 
 Provides:
@@ -6,7 +6,7 @@ Provides:
     dequantize_blocks_reference(packed, norms, block_ids, codec, out, out_blocks=None)
     decode_attention_reference(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                                k_codec, v_codec, scale=None, compute_dtype=torch.float32) -> [B, Hq, D]
-    block_checksums_reference(sections, blocks=None) -> [n, 2] int64   (definition and guarantee:
+    piece_checksums_reference(groups, blocks=None) -> [n, G, L, 2] int64   (definition and guarantee:
                                                             checksum.py); blocks: which of the sections'
                                                             blocks (all, in order, when None)
     piece_bytes(section) -> [L, n, B] uint8                 a [L, n, …] section's (layer, block) pieces
@@ -122,25 +122,21 @@ def piece_bytes(section: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
-def block_checksums_reference(sections, blocks: torch.Tensor | None = None) -> torch.Tensor:
-    """(S1, S2) per block, int64 wrapping like the Triton kernel (checksum.py defines them); blocks [n]:
-    those blocks of the [L, NB, …] sections, in that order."""
+def piece_checksums_reference(groups, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """(S1, S2) per piece, [n, G, L, 2] int64 wrapping like the Triton kernel (checksum.py defines them);
+    blocks [n]: those blocks of the groups' [L, NB, …] sections, in that order."""
     if blocks is not None:
-        idx = blocks.to(device=sections[0].device, dtype=torch.int64)
-        sections = [section.index_select(1, idx) for section in sections]
-    n = sections[0].shape[1]
-    out = torch.zeros(n, 2, dtype=torch.int64, device=sections[0].device)
-    base = 0
-    for section in sections:
-        raw = piece_bytes(section)
-        layers, _, nbytes = raw.shape
-        words = -(-nbytes // 4)
-        if words * 4 != nbytes:
-            raw = torch.nn.functional.pad(raw, (0, words * 4 - nbytes))
-        w = raw.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [L, n, words], zero-extended
-        pos = torch.arange(layers * words, dtype=torch.int64, device=w.device) + base + 1
-        pos = pos.view(layers, 1, words)
-        out[:, 0] += w.sum((0, 2))
-        out[:, 1] += (w * pos).sum((0, 2))
-        base += layers * words
+        idx = blocks.to(device=groups[0][0].device, dtype=torch.int64)
+        groups = [[t.index_select(1, idx) for t in group] for group in groups]
+    layers, n = groups[0][0].shape[:2]
+    out = torch.zeros(n, len(groups), layers, 2, dtype=torch.int64, device=groups[0][0].device)
+    for g, group in enumerate(groups):
+        raws = []
+        for section in group:
+            raw = piece_bytes(section)
+            raws.append(torch.nn.functional.pad(raw, (0, -raw.shape[2] % 4)))
+        w = torch.cat(raws, 2).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [L, n, W]
+        pos = torch.arange(1, w.shape[2] + 1, dtype=torch.int64, device=w.device)
+        out[:, g, :, 0] = w.sum(2).T
+        out[:, g, :, 1] = (w * pos).sum(2).T
     return out

@@ -5,10 +5,16 @@ Provides:
     encode_into(codec, k_access, v_access, block_ids, layout, pool, slots)   the same bytes written
                                              straight into pool[:, slots] (pool: [L, NB, …] KVBlocks, slots
                                              [n] int64 on its device)
-    decode_blocks(codec, blocks, k_access, v_access, block_ids, src=None, ok=None)   blocks[:, src[i]]
-                                             (blocks[:, i] when src is None) → vLLM's block block_ids[i], in
-                                             place, for every i with ok[i] ([n] bool on the device; None:
-                                             all): the others' destinations keep their bytes
+    decode_blocks(codec, blocks, k_access, v_access, block_ids, src=None, ok=None, verify=None)
+                                             blocks[:, src[i]] (blocks[:, i] when src is None) → vLLM's block
+                                             block_ids[i], in place, for every i with ok[i] ([n] bool on the
+                                             device; None: all): the others' destinations keep their bytes.
+                                             verify (expected, got), [n, 2, L, 2] int64 on the device: each
+                                             piece's checksum (integrity.py) compared in the decode's own
+                                             kernels, got filled with the sums read, only intact pieces
+                                             written (needs verifies_in_kernel)
+    verifies_in_kernel(codec, blocks, k_access, v_access) -> bool   decode_blocks can take verify for
+                                             these blocks
 k_access / v_access: one BlockAccess per layer (kv_views.py), in the pools' layer order.
 On CUDA, where both sides are TurboQuant and vLLM's cache is a strided view (GPU backends), encode_into and
 decode_blocks launch one kernel for every layer at once (per side for the decode) that reads vLLM's blocks
@@ -35,6 +41,7 @@ from tiercache.kernels import (
     tq_encode_layers,
     tq_encode_store,
 )
+from tiercache.kernels.dequantize import verifiable
 from tiercache.layout import BlockLayout
 from tiercache.worker.pools import SECTIONS, KVBlocks
 
@@ -106,18 +113,22 @@ def decode_blocks(
     block_ids: Sequence[int] | torch.Tensor,
     src: torch.Tensor | None = None,
     ok: torch.Tensor | None = None,
+    verify: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     device = k_views[0].device
     idx = torch.as_tensor(block_ids, dtype=torch.long, device=device)
     n = idx.numel()
     blocks = blocks.to(device)
     src = torch.arange(n, device=device) if src is None else src.to(device)
+    if verify is not None and not verifies_in_kernel(codec, blocks, k_views, v_views):
+        raise ValueError("decode_blocks: these blocks cannot be verified in the decode (verifies_in_kernel)")
     sides = ((k_views, codec.keys, blocks.k_packed, blocks.k_norms),
              (v_views, codec.values, blocks.v_packed, blocks.v_norms))  # fmt: skip
-    for views, side, packed, norms in sides:
+    for s, (views, side, packed, norms) in enumerate(sides):
         layers = _paged_layers(views) if _use_kernels(device) and not isinstance(side, RawCodec) else None
         if layers is not None:  # every layer in one launch, straight into vLLM's blocks
-            tq_dequantize_layers(packed, norms, src, side, layers, idx, ok=ok)
+            pieces = None if verify is None else (verify[0][:, s], verify[1][:, s])  # [n, L, 2] each
+            tq_dequantize_layers(packed, norms, src, side, layers, idx, ok=ok, verify=pieces)
             continue
         keep = slice(None) if ok is None else ok.to(device)
         if ok is not None and not bool(ok.any()):  # every block refused (a host sync: not the kernels' path)
@@ -134,6 +145,22 @@ def decode_blocks(
                 x = torch.empty((n, *view.shape), dtype=view.dtype, device=device)[keep]
                 tq_dequantize_blocks(packed[layer], norms[layer], src[keep], side, x)
                 view.write(idx[keep], x)
+
+
+def verifies_in_kernel(
+    codec: KVCodec, blocks: KVBlocks, k_views: Sequence[BlockAccess], v_views: Sequence[BlockAccess]
+) -> bool:
+    """CUDA, TurboQuant on both sides, each side's layers one PagedLayers, every piece of blocks contiguous
+    (the pools' and the DRAM staging's are): decode_blocks verifies while it decodes."""
+    return (
+        _use_kernels(k_views[0].device)
+        and not _raw(codec)
+        and blocks.k_packed.device == k_views[0].device
+        and _paged_layers(k_views) is not None
+        and _paged_layers(v_views) is not None
+        and verifiable(blocks.k_packed, blocks.k_norms)
+        and verifiable(blocks.v_packed, blocks.v_norms)
+    )
 
 
 def _encode_in_place(

@@ -78,7 +78,7 @@ class RemoteSteps:
         blocks = [block for _, block in good]
         for run in batches_of(blocks):  # each get call's rows copied once, into their DRAM slots
             rows = rows_of(blocks[run.start : run.stop])  # [n, dram_stride] uint8
-            sums = torch.tensor([block.checksum for block in blocks[run.start : run.stop]], dtype=torch.int64)
+            sums = torch.stack([block.pieces for block in blocks[run.start : run.stop]])  # [n, 2, L, 2]
             self.tiers.fill_dram([item for item, _ in good[run.start : run.stop]], rows, sums)
         for block_hash, reason in failed.items():
             logger.info("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)

@@ -6,8 +6,9 @@ Provides:
                               layout, geometry, codec, k_views / v_views (offload), page_views (primary),
                               _load_errors, _error(reason)
         _load(step)           refused loads (tags, failed fetches) reported; the others read from their
-                              tiers and decoded (offload: checksums compared on the device, read by the
-                              decode) or page-copied after their verdicts (primary)
+                              tiers and decoded (offload: each piece's checksum verified by the decode's own
+                              kernels where they can, else compared on the device in a separate pass whose
+                              flags the decode reads) or page-copied after their verdicts (primary)
         _settle(step)         the decoded loads' verdicts: ok, or refused with their reasons
         _store(step)          encode (offload) or copy (primary) the plan's stores into their slots
         _refuse(step, i, reason)   load i is a load error for vLLM and a LoadFailure for the scheduler
@@ -21,7 +22,7 @@ import torch
 
 from tiercache.wire import VRAM, LoadFailure, StepPlan
 
-from .codec_io import decode_blocks, encode_blocks, encode_into
+from .codec_io import decode_blocks, encode_blocks, encode_into, verifies_in_kernel
 from .page_io import load_pages, save_pages
 
 
@@ -62,14 +63,37 @@ class StepIO:
                 self._copy_pages(items, sources, reasons)
                 self._record(step, todo, reasons)
                 return
-            # the decode reads the verdicts on the device: no byte of a refused block is written, and the
-            # host learns which blocks were refused later in the step (_settle), without waiting now
-            check = self.tiers.check_read(items, sources)
-            for source in sources:
-                ids = [items[j].block_id for j in source.positions]
-                ok = None if check is None else _part(check.ok, source.positions, len(items))
-                decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
+            # the decode verifies or reads the verdicts on the device: no byte of a changed piece is
+            # written, and the host learns which blocks were refused later in the step (_settle)
+            expected = self.tiers.expected_sums(items)
+            if expected is not None and all(
+                verifies_in_kernel(self.codec, s.blocks, self.k_views, self.v_views) for s in sources
+            ):
+                check = self._decode_verified(items, sources, expected)
+            else:
+                check = self.tiers.check_read(items, sources)
+                for source in sources:
+                    ids = [items[j].block_id for j in source.positions]
+                    ok = None if check is None else _part(check.ok, source.positions, len(items))
+                    decode_blocks(self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, ok)
             step.verdicts = (todo, items, check)
+
+    def _decode_verified(self, items: list, sources: list, expected: torch.Tensor):
+        """Each source decoded by kernels that check every piece's sums against expected ([n, 2, L, 2])
+        before writing it; the ReadCheck of the sums they read."""
+        got = torch.empty_like(expected)
+        for source in sources:
+            ids = [items[j].block_id for j in source.positions]
+            whole = len(source.positions) == len(items)
+            at = None if whole else torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
+            want = expected if whole else expected.index_select(0, at)
+            read = got if whole else torch.empty_like(want)
+            decode_blocks(
+                self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, verify=(want, read)
+            )
+            if not whole:
+                got.index_copy_(0, at, read)
+        return self.tiers.verdict(expected, got)
 
     def _settle(self, step: StepState) -> None:
         """The step's decoded loads: ok, or refused with their reasons (waits for the checksum comparison

@@ -22,7 +22,7 @@ from tiercache.pages import PageViews
 from tiercache.worker.integrity import checksums_of
 from tiercache.worker.tier_worker import TierWorker
 
-from .codec_io import decode_blocks, encode_blocks
+from .codec_io import decode_blocks, encode_blocks, verifies_in_kernel
 from .kv_views import BlockAccess
 from .page_io import save_pages
 
@@ -41,7 +41,8 @@ def warm_up(
     page_views: Sequence[PageViews],
 ) -> float:
     """Encode vLLM's block 0 n times, checksum the copies and decode them as a load of n blocks into
-    distinct blocks 0 … n−1 would, with every flag but the first off (only block 0 is written), straight
+    distinct blocks 0 … n−1 would, with every block but the first refused (its expected sums or its flag
+    off: only block 0 is written), straight
     and through DRAM staging (primary mode: copy block 0's pages and checksum them), for each n of
     WARM_COUNTS, through the serving path's own calls: the first requests then pay no JIT compile. Block 0
     is vLLM's null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no
@@ -61,19 +62,32 @@ def warm_up(
             checksums_of(save_pages(page_views, ids), rows)  # a load's, read in place
             continue
         blocks = encode_blocks(codec, k_views, v_views, ids, layout)
-        sums = checksums_of(blocks, rows)  # what a store records and a load verifies, read in place
         dst = list(range(min(n, k_views[0].num_blocks)))  # distinct destinations, as a load's
-        ok = (sums == sums).all(1)[: len(dst)]  # a load's flags, on the device …
-        ok[1:] = False  # … and only block 0 written
-        if tiers.checksums is None:  # no flags: one block, as nothing else may be written
-            dst, ok = dst[:1], None
-        decode_blocks(codec, blocks, k_views, v_views, dst, rows[: len(dst)], ok)
+        _load(tiers, codec, k_views, v_views, blocks, dst, rows)
         dram_slots = list(range(min(n, tiers.dram.num_blocks)))
         if dram_slots:
             tiers.engine.write_dram(dram_slots, blocks.select(list(range(len(dram_slots)))))
             staged, at = tiers.engine.stage_dram(dram_slots)
-            checksums_of(staged, at)
-            m = min(len(at), len(dst))
-            decode_blocks(codec, staged, k_views, v_views, dst[:m], at[:m], None if ok is None else ok[:m])
+            _load(tiers, codec, k_views, v_views, staged, dst[: len(at)], at)
     torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def _load(tiers, codec, k_views, v_views, blocks, dst: list[int], at: torch.Tensor) -> None:
+    """blocks[:, at[i]] loaded into vLLM's blocks dst[i] as the serving path loads them (StepIO._load),
+    every block but the first refused: its expected sums off by one (verified in the decode) or its flag
+    off (a separate pass)."""
+    at = at[: len(dst)]
+    sums = checksums_of(blocks, at)  # what a store records, read in place
+    if tiers.checksums is None:  # nothing to refuse with: one block, as nothing else may be written
+        decode_blocks(codec, blocks, k_views, v_views, dst[:1], at[:1])
+        return
+    expected = sums.clone()
+    expected[1:, :, :, 0] += 1
+    if verifies_in_kernel(codec, blocks, k_views, v_views):
+        got = torch.empty_like(expected)
+        decode_blocks(codec, blocks, k_views, v_views, dst, at, verify=(expected, got))
+        tiers.verdict(expected, got)
+    else:
+        ok = tiers.verdict(expected, checksums_of(blocks, at)).ok  # a separate pass's flags, on the device
+        decode_blocks(codec, blocks, k_views, v_views, dst, at, ok)

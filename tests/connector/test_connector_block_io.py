@@ -5,7 +5,8 @@ is a FLASH_ATTN-layout view ([NB, H, BS, 2·D] logical over [NB, BS, H, 2·D]: K
 stored indices are tq_encode_store's for those blocks' tokens (norms to float rounding: the products are cut
 into other tiles), with the checksums of the stored bytes; each loaded block is
 exactly the decode of its stored bytes, in the block the plan names, and nothing else changes; a block whose
-bytes changed at rest is refused and its destination left as it was, the others still land."""
+bytes changed at rest is refused, its changed piece (layer and side) verified and skipped by the decode itself
+so that none of its bytes reach vLLM's block, the reason names the piece, and the other blocks still land."""
 
 from __future__ import annotations
 
@@ -141,7 +142,11 @@ def test_a_block_changed_at_rest_is_refused_and_its_destination_kept():
     assert step.loads_ok == (False, True, True, True, False)
     assert [f.index for f in step.load_failures] == [0, 4]
     assert all("checksum mismatch" in f.reason for f in step.load_failures)
+    # the changed pieces: K of layer 1 (VRAM byte) and K of layer 0 (the DRAM row's byte 11: k_packed first)
+    assert "(K of layer 1: sums" in step.load_failures[0].reason
+    assert "(K of layer 0: sums" in step.load_failures[1].reason
+    names = list(caches)
+    for layer, dst in ((1, LOADED_INTO[0]), (0, LOADED_INTO[4])):
+        assert torch.equal(sides(caches[names[layer]])[0][dst], sides(before[names[layer]])[0][dst])
     for name, cache in caches.items():
-        for dst in (LOADED_INTO[0], LOADED_INTO[4]):
-            assert torch.equal(cache[dst], before[name][dst])
         assert not torch.equal(cache[LOADED_INTO[1]], before[name][LOADED_INTO[1]])

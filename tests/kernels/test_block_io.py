@@ -1,11 +1,12 @@
 """The connector's in-place block kernels against their definitions: tq_encode_blocks writes the bytes that
 tq_encode_store writes for the same blocks' tokens (and the reference); tq_dequantize_blocks with out_blocks
-scatters what it decodes into a paged cache and writes nothing else; block_checksums of listed blocks equals
+scatters what it decodes into a paged cache and writes nothing else; piece_checksums of listed blocks equals
 the checksums of those blocks copied out. Every bit width, head_dim 64 and 128, odd block counts, float
 caches viewed like vLLM's FLASH_ATTN layout ([NB, H, BS, 2·D] logical over [NB, BS, H, 2·D]: K and V
 strided). The whole-model forms (tq_encode_layers, tq_dequantize_layers: one launch over every layer's
 separately allocated cache) write exactly what the one-layer forms write layer by layer, at aligned and
-unaligned layer starts, and the load skips the blocks its ok flags refuse."""
+unaligned layer starts, the load skips the blocks its ok flags refuse, and with verify it writes exactly the
+pieces whose checksums match (and reports every piece's sums)."""
 
 import pytest
 import torch
@@ -13,14 +14,15 @@ from kernel_cases import BIT_PAIRS, POISON_BYTE, codec, random_cache, rel_err
 
 from tiercache.kernels import (
     PagedLayers,
-    block_checksums,
+    piece_checksums,
     tq_dequantize_blocks,
     tq_dequantize_layers,
     tq_encode_blocks,
     tq_encode_layers,
     tq_encode_store,
 )
-from tiercache.kernels.reference import block_checksums_reference, encode_store_reference
+from tiercache.kernels.dequantize import verifiable
+from tiercache.kernels.reference import encode_store_reference, piece_checksums_reference
 
 ENCODE_CASES = [(kb, vb, d, 16, torch.bfloat16) for kb, vb in BIT_PAIRS for d in (64, 128)]
 ENCODE_CASES += [(4, 4, 64, 32, torch.float32), (8, 4, 128, 16, torch.float16)]
@@ -125,12 +127,13 @@ def test_checksums_of_listed_blocks(pk, pv):
         torch.randn(3, 10, 4, 2, generator=g),
         torch.randn(3, 10, 4, 2, generator=g),
     ]
+    groups = [[sections[0], sections[2]], [sections[1], sections[3]]]
     blocks = torch.tensor([9, 1, 1, 4, 0, 7, 3])
-    copied = [s.index_select(1, blocks) for s in sections]
-    want = block_checksums_reference(copied)
-    assert torch.equal(block_checksums(sections, blocks), want)
-    assert torch.equal(block_checksums_reference(sections, blocks), want)
-    assert block_checksums(sections, blocks[:0]).shape == (0, 2)
+    copied = [[s.index_select(1, blocks) for s in group] for group in groups]
+    want = piece_checksums_reference(copied)
+    assert torch.equal(piece_checksums(groups, blocks), want)
+    assert torch.equal(piece_checksums_reference(groups, blocks), want)
+    assert piece_checksums(groups, blocks[:0]).shape == (0, 2, 3, 2)
 
 
 def model_kv(layers, num_blocks, block_size, heads, head_dim, dtype, gen, shift=0):
@@ -218,3 +221,54 @@ def test_paged_layers_and_the_layered_kernels_check_their_arguments():
     with pytest.raises(ValueError, match="one flag per listed block"):
         tq_dequantize_layers(caches[0][:2], caches[1][:2], torch.tensor([0]), c, PagedLayers(k_sides),
                              torch.tensor([1]), ok=torch.tensor([1, 0]))  # fmt: skip
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("head_dim,dtype,shift", [(64, torch.float32, 0), (128, torch.bfloat16, 5)])
+def test_dequantize_layers_verify_writes_exactly_the_intact_pieces(bits, head_dim, dtype, shift):
+    """Pieces with a flipped byte (packed or norms) or a wrong expected sum stay unwritten, every other piece
+    is written as tq_dequantize_blocks writes it, and got holds every piece's sums (the reference's)."""
+    gen = torch.Generator().manual_seed(bits * 7 + head_dim)
+    c = codec(head_dim, bits, 3)
+    layers, heads, bs = 3, 2, 16
+    caches = [random_cache(8, bs, heads, c, gen) for _ in range(layers)]
+    packed = torch.stack([p for p, _ in caches])
+    norms = torch.stack([n for _, n in caches])
+    ids = torch.tensor([6, 1, 4, 0, 3], dtype=torch.int32)
+    out_blocks = torch.tensor([9, 0, 3, 2, 7])
+    expected = piece_checksums_reference([[packed, norms]], ids)[:, 0].clone()  # [N, L, 2] as stored
+    packed[1, 6, 3, 1, 0] ^= 0x10  # listed block 0, layer 1: a packed byte
+    norms[2, 4].view(torch.uint8).view(-1)[5] ^= 0x01  # listed block 2, layer 2: a norm's byte
+    expected[3, 0, 1] += 1  # listed block 3, layer 0: the stored sum disagrees
+    bad = {(0, 1), (2, 2), (3, 0)}
+    k_sides, _ = model_kv(layers, 10, bs, heads, head_dim, dtype, gen, shift)
+    want = [side.clone() for side in k_sides]
+    got = torch.full_like(expected, -1)
+    assert verifiable(packed, norms)
+    tq_dequantize_layers(packed, norms, ids, c, PagedLayers(k_sides), out_blocks, verify=(expected, got))
+    assert torch.equal(got, piece_checksums_reference([[packed, norms]], ids)[:, 0])
+    for layer in range(layers):
+        keep = torch.tensor([(i, layer) not in bad for i in range(len(ids))])
+        tq_dequantize_blocks(
+            packed[layer], norms[layer], ids[keep], c, want[layer], out_blocks=out_blocks[keep]
+        )
+        assert torch.equal(k_sides[layer], want[layer]), f"layer {layer}: a changed piece was written"
+
+
+def test_verify_checks_its_arguments():
+    gen = torch.Generator().manual_seed(1)
+    c = codec(64, 4)
+    packed, norms = (torch.stack([t, t]) for t in random_cache(4, 16, 2, c, gen))
+    k_sides, _ = model_kv(2, 4, 16, 2, 64, torch.float32, gen)
+    ids, dst = torch.tensor([0, 2]), torch.tensor([1, 3])
+    sums = torch.zeros(2, 2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="ok or verify"):
+        tq_dequantize_layers(packed, norms, ids, c, PagedLayers(k_sides), dst, ok=torch.tensor([True, True]),
+                             verify=(sums, sums.clone()))  # fmt: skip
+    with pytest.raises(ValueError, match=r"int64 tensor \[2, 2, 2\]"):
+        tq_dequantize_layers(packed, norms, ids, c, PagedLayers(k_sides), dst, verify=(sums[:1], sums))
+    strided = packed[:, :, ::2]  # every other token: pieces not contiguous
+    halves = PagedLayers([s[:, ::2] for s in k_sides])
+    with pytest.raises(ValueError, match="separate pass"):
+        tq_dequantize_layers(strided, norms[:, :, ::2], ids, c, halves, dst, verify=(sums, sums.clone()))
+    assert not verifiable(strided, norms[:, :, ::2])

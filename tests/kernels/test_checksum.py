@@ -1,14 +1,15 @@
-"""block_checksums: the Triton kernel (interpreter on CPU) equals the reference bit for bit, the reference
+"""piece_checksums: the Triton kernel (interpreter on CPU) equals the reference bit for bit, the reference
 equals the definition computed with Python integers (wrapping included), and the guarantee holds: every
-single flipped byte — packed bytes or norms, any layer — and every swap of two different words is detected."""
+single flipped byte — packed bytes or norms, any layer — and every swap of two different words is detected;
+fold_pieces gives the definition's sums over a whole block's words, pieces in (group, layer) order."""
 
 import itertools
 
 import pytest
 import torch
 
-from tiercache.kernels import block_checksums, block_checksums_host
-from tiercache.kernels.reference import block_checksums_reference
+from tiercache.kernels import fold_pieces, piece_checksums, piece_checksums_host, piece_words
+from tiercache.kernels.reference import piece_checksums_reference
 
 MASK = 2**64 - 1
 # (layers, block_size, kv_heads, k_packed_dim, v_packed_dim): packed dims of every bit width 1–8 at d64 (8·b),
@@ -29,39 +30,61 @@ def blocks_of(layout, n: int, seed: int) -> list[torch.Tensor]:
     ]
 
 
-def definition(sections, block: int) -> tuple[int, int]:
-    """The checksum of one block from checksum.py's definition, with Python integers."""
+def kv_groups(sections):
+    """KVBlocks' pieces: K = (k_packed, k_norms), V = (v_packed, v_norms)."""
+    return [[sections[0], sections[2]], [sections[1], sections[3]]]
+
+
+def piece_data(group, layer: int, block: int) -> bytes:
     data = b""
-    for section in sections:
-        for layer in range(section.shape[0]):
-            piece = section[layer, block].contiguous().view(torch.uint8).flatten().numpy().tobytes()
-            data += piece + b"\0" * (-len(piece) % 4)
+    for section in group:
+        piece = section[layer, block].contiguous().view(torch.uint8).flatten().numpy().tobytes()
+        data += piece + b"\0" * (-len(piece) % 4)
+    return data
+
+
+def sums_of(data: bytes) -> tuple[int, int]:
     words = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
-    s1 = sum(words) & MASK
-    s2 = sum((i + 1) * w for i, w in enumerate(words)) & MASK
-    return s1, s2
+    return sum(words) & MASK, sum((i + 1) * w for i, w in enumerate(words)) & MASK
 
 
-def as_unsigned(sums: torch.Tensor) -> list[tuple[int, int]]:
-    return [(a & MASK, b & MASK) for a, b in sums.tolist()]
+def definition(groups, block: int) -> list[list[tuple[int, int]]]:
+    """The checksums of one block's pieces [G][L] from checksum.py's definition, with Python integers."""
+    return [[sums_of(piece_data(g, layer, block)) for layer in range(g[0].shape[0])] for g in groups]
+
+
+def as_unsigned(sums: torch.Tensor) -> list:
+    """[n, G, L, 2] int64 → [n][G][L] (s1, s2) as unsigned Python integers."""
+    return [[[(a & MASK, b & MASK) for a, b in layers] for layers in block] for block in sums.tolist()]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_kernel_equals_reference_and_definition(layout):
-    sections = blocks_of(layout, 5, seed=sum(layout))
-    got = block_checksums(sections)
-    assert got.dtype == torch.int64 and got.shape == (5, 2)
-    assert torch.equal(got, block_checksums_reference(sections))
-    assert as_unsigned(got) == [definition(sections, b) for b in range(5)]
+    groups = kv_groups(blocks_of(layout, 5, seed=sum(layout)))
+    got = piece_checksums(groups)
+    assert got.dtype == torch.int64 and got.shape == (5, 2, layout[0], 2)
+    assert torch.equal(got, piece_checksums_reference(groups))
+    assert as_unsigned(got) == [definition(groups, b) for b in range(5)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_host_path_equals_reference(layout):
     """The CPU path (two reductions per section) gives the reference's bits: all blocks, listed blocks."""
-    sections = blocks_of(layout, 6, seed=sum(layout) + 1)
-    assert torch.equal(block_checksums_host(sections), block_checksums_reference(sections))
+    groups = kv_groups(blocks_of(layout, 6, seed=sum(layout) + 1))
+    assert torch.equal(piece_checksums_host(groups), piece_checksums_reference(groups))
     listed = torch.tensor([5, 0, 0, 3])
-    assert torch.equal(block_checksums_host(sections, listed), block_checksums_reference(sections, listed))
+    assert torch.equal(piece_checksums_host(groups, listed), piece_checksums_reference(groups, listed))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[::3])
+def test_fold_pieces_is_the_checksum_of_the_whole_block(layout):
+    """A block's checksum from its pieces' sums equals the definition over all its words, pieces in (group,
+    layer) order."""
+    groups = kv_groups(blocks_of(layout, 3, seed=sum(layout) + 2))
+    folded = fold_pieces(piece_checksums_reference(groups), piece_words(groups))
+    for b in range(3):
+        data = b"".join(piece_data(g, layer, b) for g in groups for layer in range(layout[0]))
+        assert tuple(x & MASK for x in folded[b].tolist()) == sums_of(data)
 
 
 def test_strided_sections_and_dram_like_views():
@@ -78,11 +101,12 @@ def test_strided_sections_and_dram_like_views():
         view = rows[:, :, offset : offset + width]
         views.append(view.view(t.dtype).view(t.shape) if t.dtype != torch.uint8 else view.view(t.shape))
         offset += width + 20  # keeps 4-byte alignment: the word path, with strides
-    want = block_checksums_reference(dense)
-    assert torch.equal(block_checksums(views), want) and torch.equal(block_checksums_host(views), want)
-    odd = [dense[0], rows[:, :, 1:37]]  # starts off a word boundary: the byte path
-    assert torch.equal(block_checksums(odd), block_checksums_reference(odd))
-    assert torch.equal(block_checksums_host(odd), block_checksums_reference(odd))
+    want = piece_checksums_reference(kv_groups(dense))
+    assert torch.equal(piece_checksums(kv_groups(views)), want)
+    assert torch.equal(piece_checksums_host(kv_groups(views)), want)
+    odd = [[dense[0], rows[:, :, 1:37]]]  # starts off a word boundary: the byte path
+    assert torch.equal(piece_checksums(odd), piece_checksums_reference(odd))
+    assert torch.equal(piece_checksums_host(odd), piece_checksums_reference(odd))
 
 
 def test_host_path_split_over_threads_and_read_in_place(monkeypatch):
@@ -98,21 +122,22 @@ def test_host_path_split_over_threads_and_read_in_place(monkeypatch):
     g = torch.Generator().manual_seed(7)
     values = torch.randint(0, 256, (7, 256 + layout.dram_stride), generator=g, dtype=torch.uint8)
     blocks = block_views(values[:, 256:], layout)  # rows 256 bytes apart past a header, as a fetch's
-    sections = [getattr(blocks, name) for name in SECTIONS]
-    copies = [t.contiguous() for t in sections]
-    assert torch.equal(block_checksums_host(sections), block_checksums_reference(copies))
+    groups = kv_groups([getattr(blocks, name) for name in SECTIONS])
+    copies = [[t.contiguous() for t in group] for group in groups]
+    assert torch.equal(piece_checksums_host(groups), piece_checksums_reference(copies))
     listed = torch.tensor([6, 2, 2, 0, 5])
-    assert torch.equal(block_checksums_host(sections, listed), block_checksums_reference(copies, listed))
+    assert torch.equal(piece_checksums_host(groups, listed), piece_checksums_reference(copies, listed))
 
 
 def test_sums_wrap_like_the_definition():
     """Words of 0xFFFFFFFF over more than 2^16 positions: S2 exceeds 2^64 and wraps the same everywhere."""
     section = torch.full((1, 2, 70000 * 4), 255, dtype=torch.uint8)
     section[0, 1, ::7] = 3
-    got = block_checksums([section])
-    assert torch.equal(got, block_checksums_reference([section]))
-    assert torch.equal(block_checksums_host([section]), got)
-    assert as_unsigned(got) == [definition([section], 0), definition([section], 1)]
+    groups = [[section]]
+    got = piece_checksums(groups)
+    assert torch.equal(got, piece_checksums_reference(groups))
+    assert torch.equal(piece_checksums_host(groups), got)
+    assert as_unsigned(got) == [definition(groups, 0), definition(groups, 1)]
 
 
 @pytest.mark.parametrize("layout", [(2, 2, 1, 4, 8), (2, 1, 2, 3, 5)])
@@ -127,12 +152,12 @@ def test_every_single_byte_flip_is_detected(layout):
     for b, (s, pos, x) in enumerate(flips):
         per_layer = raw[s].shape[2]
         raw[s][pos // per_layer, b, pos % per_layer] ^= x
-    sums = block_checksums_reference(copies)
-    original = block_checksums_reference(one)
-    assert (sums != original).any(1).all()
+    sums = piece_checksums_reference(kv_groups(copies))
+    original = piece_checksums_reference(kv_groups(one))
+    assert (sums != original).flatten(1).any(1).all()
     sample = torch.arange(0, len(flips), 17)  # the kernel on a sample (it equals the reference above)
     picked = [c.index_select(1, sample) for c in copies]
-    assert torch.equal(block_checksums(picked), sums[sample])
+    assert torch.equal(piece_checksums(kv_groups(picked)), sums[sample])
 
 
 def test_every_swap_of_two_different_words_is_detected():
@@ -146,9 +171,9 @@ def test_every_swap_of_two_different_words_is_detected():
     for k, (a, b) in enumerate(pairs):
         x, y = copies[a[0]][a[1], k, a[2]].clone(), copies[b[0]][b[1], k, b[2]].clone()
         copies[a[0]][a[1], k, a[2]], copies[b[0]][b[1], k, b[2]] = y, x
-    sums = block_checksums_reference(copies)
-    original = block_checksums_reference([w.unsqueeze(1) for w in words])
-    assert n > 150 and (sums != original).any(1).all()
+    sums = piece_checksums_reference(kv_groups(copies))
+    original = piece_checksums_reference(kv_groups([w.unsqueeze(1) for w in words]))
+    assert n > 150 and (sums != original).flatten(1).any(1).all()
 
 
 def test_random_two_byte_changes_are_detected():
@@ -167,21 +192,29 @@ def test_random_two_byte_changes_are_detected():
         part = copies[:, offset : offset + size].reshape(n, t.shape[0], -1).transpose(0, 1)
         sections.append(part)
         offset += size
-    original = block_checksums_reference(one)
+    original = piece_checksums_reference(kv_groups(one))
     unchanged = [s.index_select(1, torch.tensor([0])).clone() for s in sections]
     for s, t in zip(unchanged, one, strict=True):  # the byte views are laid out as the sections are
         s.view(-1).copy_(t.contiguous().view(torch.uint8).view(-1))
-    assert torch.equal(block_checksums_reference(unchanged), original)
-    assert (block_checksums_reference(sections) != original).any(1).all()
+    assert torch.equal(piece_checksums_reference(kv_groups(unchanged)), original)
+    assert (piece_checksums_reference(kv_groups(sections)) != original).flatten(1).any(1).all()
 
 
 def test_bad_sections_are_refused():
-    with pytest.raises(ValueError, match="no sections"):
-        block_checksums([])
+    with pytest.raises(ValueError, match="at least one group"):
+        piece_checksums([])
+    with pytest.raises(ValueError, match="at least one group"):
+        piece_checksums([[]])
     a = torch.zeros(2, 3, 4, dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"section 1 must be \[L, 3, …\]"):
-        block_checksums([a, torch.zeros(2, 4, 4)])
-    assert block_checksums([a[:, :0]]).shape == (0, 2)
+    with pytest.raises(ValueError, match=r"section 1 of group 0 must be \[2, 3, …\]"):
+        piece_checksums([[a, torch.zeros(2, 4, 4)]])
+    with pytest.raises(ValueError, match=r"section 0 of group 1 must be \[2, 3, …\]"):
+        piece_checksums([[a], [torch.zeros(3, 3, 4)]])
+    with pytest.raises(ValueError, match="1-D int tensor"):
+        piece_checksums([[a]], torch.tensor([0.0]))
+    assert piece_checksums([[a[:, :0]]]).shape == (0, 1, 2, 2)
+    with pytest.raises(ValueError, match="2 piece sizes for 1 groups"):
+        fold_pieces(torch.zeros(1, 1, 2, 2, dtype=torch.int64), [3, 4])
 
 
 def piece_numel(t: torch.Tensor) -> int:

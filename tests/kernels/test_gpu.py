@@ -11,8 +11,8 @@ from tiercache.kernels import (
     DecodeWorkspace,
     PagedLayers,
     TurboQuantCodec,
-    block_checksums,
     decode_lut,
+    piece_checksums,
     tq_decode_attention,
     tq_dequantize_blocks,
     tq_dequantize_layers,
@@ -22,7 +22,7 @@ from tiercache.kernels import (
 )
 from tiercache.kernels import decode_attention as decode_module
 from tiercache.kernels.packing import unpack_indices
-from tiercache.kernels.reference import block_checksums_reference, decode_attention_reference
+from tiercache.kernels.reference import decode_attention_reference, piece_checksums_reference
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -161,6 +161,23 @@ def test_layered_encode_and_dequantize_gpu_equal_the_one_layer_kernels(k_bits, v
         for layer in range(layers):
             tq_dequantize_blocks(packed[layer], n[layer], dst[ok], c, want[layer], out_blocks=out_blocks[ok])
             assert torch.equal(side[layer], want[layer]), f"layer {layer}"
+    # verified in the decode: three pieces changed after their sums were taken are not written
+    for side, c, packed, n in ((k_sides, kc, pages[0], norms[0]), (v_sides, vc, pages[1], norms[1])):
+        expected = piece_checksums([[packed, n]], dst)[:, 0].clone()
+        packed[1, dst[4], 3, 2, 5] ^= 0x40
+        n[3, dst[70]].view(torch.uint8).view(-1)[9] ^= 0x02
+        expected[128, 4, 0] += 1
+        bad = {(4, 1), (70, 3), (128, 4)}
+        got = torch.empty_like(expected)
+        want = [t.clone() for t in side]
+        tq_dequantize_layers(packed, n, dst, c, PagedLayers(side), out_blocks, verify=(expected, got))
+        assert torch.equal(got.cpu(), piece_checksums_reference([[packed.cpu(), n.cpu()]], dst.cpu())[:, 0])
+        for layer in range(layers):
+            keep = torch.tensor([(i, layer) not in bad for i in range(129)], device=DEV)
+            tq_dequantize_blocks(
+                packed[layer], n[layer], dst[keep], c, want[layer], out_blocks=out_blocks[keep]
+            )
+            assert torch.equal(side[layer], want[layer]), f"verify, layer {layer}"
 
 
 def lut_case(key, block_size, group, dtype, lens, seed, offset=16):
@@ -300,7 +317,7 @@ def test_decode_gpu_uniform_codebooks(codebooks, head_dim, block_size, group):
 
 
 @pytest.mark.parametrize("pk,pv", [(64, 64), (128, 64), (256, 256), (30, 40)])
-def test_block_checksums_gpu_equal_reference_and_capture(pk, pv):
+def test_piece_checksums_gpu_equal_reference_and_capture(pk, pv):
     """Realistic blocks (32 layers, block 16, 8 KV heads): the kernel's sums equal the CPU reference bit for
     bit, for the word path and the byte path (pk=30), and a captured graph recomputes them on replay."""
     gen = torch.Generator().manual_seed(pk)
@@ -311,14 +328,15 @@ def test_block_checksums_gpu_equal_reference_and_capture(pk, pv):
         torch.randn(*shape, generator=gen),
         torch.randn(*shape, generator=gen),
     ]
-    want = block_checksums_reference(sections)
-    on_gpu = [t.to(DEV) for t in sections]
-    assert torch.equal(block_checksums(on_gpu).cpu(), want)
+    groups = [[sections[0], sections[2]], [sections[1], sections[3]]]
+    want = piece_checksums_reference(groups)
+    on_gpu = [[t.to(DEV) for t in group] for group in groups]
+    assert torch.equal(piece_checksums(on_gpu).cpu(), want)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = block_checksums(on_gpu)
-    on_gpu[0][3, 7, 0, 0, 0] ^= 1
+        out = piece_checksums(on_gpu)
+    on_gpu[0][0][3, 7, 0, 0, 0] ^= 1
     graph.replay()
     sections[0][3, 7, 0, 0, 0] ^= 1
-    again = block_checksums_reference(sections)
+    again = piece_checksums_reference(groups)
     assert torch.equal(out.cpu(), again) and not torch.equal(again[7], want[7])

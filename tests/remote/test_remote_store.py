@@ -12,13 +12,13 @@ import torch
 
 from tests.remote.remote_helpers import LAYOUT, hashes, namespace, rows, store
 from tiercache.remote.format import HEADER_BYTES, encode_value
-from tiercache.worker.integrity import checksums_of
+from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks, rows_of
 
 
 def _values(ns, keys, data):
-    sums = checksums_of(block_views(data, LAYOUT)).tolist()
+    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
     return [encode_value(ns, h, tuple(s), row) for h, s, row in zip(keys, sums, data, strict=True)]
 
 
@@ -45,7 +45,7 @@ def test_put_then_read_back_byte_exact(redis_server, n):
         assert torch.equal(whole, data) and whole.data_ptr() == got[0].row.data_ptr()
         assert torch.equal(rows_of(got[::-1]), data.flip(0))  # another order: stacked
         assert [b.checksum for b in got] == [
-            tuple(x) for x in checksums_of(block_views(data, LAYOUT)).tolist()
+            tuple(x) for x in block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
         ]
         assert s.stats()["puts"] == n and s.stats()["lookup_hits"] == n
     finally:
@@ -126,7 +126,7 @@ def test_store_stopped_is_a_miss_then_reconnects(redis_server):
         assert time.monotonic() - start < 0.1
         values, reasons = s.get(keys[:1])
         assert values == [None] and "down" in reasons[0]
-        sums = checksums_of(block_views(data, ns.layout)).tolist()
+        sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
         assert writer.offer(keys[1], data[1], tuple(sums[1]))
         assert writer.flush(5)
         assert writer.stats()["write_failures"] == 1 and writer.stats().get("written", 0) == 0
@@ -178,7 +178,7 @@ def test_full_write_queue_drops_and_counts(redis_server):
     ns, keys, data = namespace(model="queue"), hashes(10, salt=50), rows(10, seed=50)
     s = store(redis_server.url, ns)
     writer = RemoteWriter(s, max_blocks=2, batch_blocks=1)
-    sums = checksums_of(block_views(data, ns.layout)).tolist()
+    sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
     try:
         with s._put_lock:  # the store is busy: the writer thread holds at most one block, the queue two
             accepted = [writer.offer(h, row, tuple(x)) for h, row, x in zip(keys, data, sums, strict=True)]

@@ -7,7 +7,7 @@ from tier_blocks import random_blocks
 
 from tiercache.layout import BlockLayout
 from tiercache.wire import DRAM, LoadItem, RemoteItem, StoreItem
-from tiercache.worker.integrity import checksums_of
+from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.tier_worker import TierWorker
 
@@ -35,7 +35,7 @@ def test_dram_rows_are_the_slots_bytes_with_their_stored_checksum(layout, checks
     got = worker.dram_rows([RemoteItem(name(2), 2), RemoteItem(name(0), 0), RemoteItem(name(9), 1)])
     for (row, sums), slot in zip(got[:2], (2, 0), strict=True):
         assert torch.equal(row, worker.dram.buffer[slot])
-        expected = checksums_of(worker.dram.read([slot]))[0].tolist()
+        expected = block_checksum(checksums_of(worker.dram.read([slot])), layout)[0].tolist()
         assert list(sums) == expected
     assert isinstance(got[2], str) and got[2].startswith("not uploaded")  # slot 1 holds block 1, not 9
     row, _ = got[0]
@@ -48,14 +48,18 @@ def test_filled_rows_load_and_verify_like_stored_blocks(layout):
     source = worker_with_dram_blocks(layout)
     uploads = source.dram_rows([RemoteItem(name(i), i) for i in range(3)])
     rows = torch.stack([row for row, _ in uploads])
-    sums = torch.tensor([list(s) for _, s in uploads], dtype=torch.int64)
+    sums = checksums_of(block_views(rows, layout))  # a fetch's piece sums, verified against its header's
+    assert block_checksum(sums, layout).tolist() == [list(s) for _, s in uploads]
     target = TierWorker.create(layout, 2, 4, CODEC, device="cpu", pin=False)
     fetched = [RemoteItem(name(i), slot) for i, slot in zip(range(3), (3, 1, 0), strict=True)]
+    with pytest.raises(ValueError, match=r"piece checksums \[3, 2, \d+, 2\]"):
+        target.fill_dram(fetched, rows, block_checksum(sums, layout))
     target.fill_dram(fetched, rows, sums)
     items = [LoadItem(f.block_hash, DRAM, f.slot, 0) for f in fetched]
     assert [target.refusal(x) for x in items] == [None] * 3
     blocks = target.load(items)
     assert target.verify(items, blocks) == [None] * 3
     assert blocks.equal(block_views(rows, layout))
-    target.checksums.record(DRAM, [1], torch.zeros(1, 2, dtype=torch.int64))  # a wrong sum is caught
+    wrong = torch.zeros(1, 2, target.dram.layout.num_layers, 2, dtype=torch.int64)
+    target.checksums.record(DRAM, [1], wrong)  # a wrong sum is caught
     assert target.verify(items, target.load(items))[1].startswith("checksum mismatch")

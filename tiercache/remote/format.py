@@ -10,8 +10,9 @@ Provides:
 Key: model name, this rank (tensor-parallel shard), the block hash, and a salt naming the format version, the
 codec id and the layout (blake2b of them): engines with another model, codec or layout ask for other keys and
 never read these values. Value (little-endian):
-    [0:4]  MAGIC b"TCRB"     [4:6]  version (1)      [6:8]  len(block_hash)    [8:10] len(codec_id utf-8)
-    [16:24] payload bytes    [24:40] checksum (two int64, tiercache.kernels.block_checksums of the block)
+    [0:4]  MAGIC b"TCRB"     [4:6]  version (2)      [6:8]  len(block_hash)    [8:10] len(codec_id utf-8)
+    [16:24] payload bytes    [24:40] checksum (two int64: the block's, tiercache.kernels.fold_pieces of its
+                             piece checksums — version 1 summed the block's words in section order)
     [40:104] block hash (≤ 64 bytes, zero padded)    [104:256] codec id (≤ 152 bytes, zero padded)
     [256:]  the block's bytes exactly as the DRAM tier holds them (BlockLayout.dram_stride bytes)
 The header is fixed so that a reader knows a value's size before fetching it (LMCache loads into buffers of a
@@ -29,7 +30,7 @@ import torch
 from tiercache.layout import BlockLayout
 
 MAGIC = b"TCRB"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 256
 _FIXED = struct.Struct("<4sHHH6xQqq")  # magic, version, hash len, codec len, pad, payload len, s1, s2
 _HASH_AT, _HASH_MAX = 40, 64

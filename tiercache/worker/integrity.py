@@ -2,24 +2,29 @@
 per slot next to the pools, moved with a block when it is spilled or warmed, checked on every load.
 
 Provides:
-    checksums_of(blocks, ids=None) -> [n, 2] int64   the checksums (tiercache.kernels.block_checksums:
-                                             definition and detection guarantee) of KVBlocks, on their device;
-                                             ids [n]: of those blocks of [L, NB, …] sections (a pool's, read
-                                             in place)
-    SlotChecksums(capacities, device)        {tier: slots}; one [slots, 2] int64 table per tier on `device`
-                                             (SLOT_CHECKSUM_BYTES a slot)
+    checksums_of(blocks, ids=None) -> [n, 2, L, 2] int64   the piece checksums (tiercache.kernels.
+                                             piece_checksums: definition and detection guarantee) of KVBlocks,
+                                             on their device; ids [n]: of those blocks of [L, NB, …] sections
+                                             (a pool's, read in place)
+    groups_of(blocks) -> ((k_packed, k_norms), (v_packed, v_norms))   the pieces' sections: one piece per
+                                             side (K, V) and layer
+    block_checksum(sums, layout) -> [n, 2] int64 (host)   a whole block's checksum from its pieces' sums (the
+                                             remote tier's header: kernels.fold_pieces)
+    slot_checksum_bytes(num_layers)          device bytes of one slot's sums (32 a layer)
+    SlotChecksums(capacities, device, num_layers)   {tier: slots}; one [slots, 2, L, 2] int64 table per tier
+                                             on `device`
         record(tier, slots, sums)            these slots now hold bytes with these checksums
-        get(tier, slots) -> [n, 2] int64     the sums recorded for these slots
+        get(tier, slots) -> [n, 2, L, 2]     the sums recorded for these slots
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
-        expected(places) -> [n, 2] int64     the sums recorded for blocks read from places[i] = (tier,
+        expected(places) -> [n, 2, L, 2]     the sums recorded for blocks read from places[i] = (tier,
                                              slot), on the device (no host synchronisation)
 
-What is checksummed: a whole block (all layers, K and V, packed bytes and norms, in BlockLayout's section
-order), one pair of sums per block. A block is the unit of a load and of a miss, so per-block sums find
-everything per-layer sums would at an n-th of the bookkeeping. The tables live on the device (DRAM slots'
-sums too: 16 bytes a slot), so a store and a move never wait for the device. A load compares on the device
-too, and the decode skips the blocks that failed (TierWorker.check_read): the host synchronises once, after
-the load's kernels are queued, to learn which blocks were refused.
+What is checksummed: each (side, layer) piece of a block — its packed bytes, then its norms — one pair of sums
+per piece. A load's decode reads exactly one piece per program, so it verifies the piece in the same pass,
+before it writes a byte of it (kernels.tq_dequantize_layers with verify): no separate pass over the loaded
+bytes. A block is still the unit of a load and of a miss: one changed piece refuses its whole block. The
+tables live on the device (DRAM slots' sums too: 32 bytes a layer and slot, ~0.2 % of a K8V4 block at
+head_dim 128), so a store and a move never wait for the device.
 """
 
 from __future__ import annotations
@@ -28,33 +33,46 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from tiercache.kernels import block_checksums, block_checksums_host
-from tiercache.worker.pools import SECTIONS, KVBlocks
+from tiercache.kernels import fold_pieces, piece_checksums, piece_checksums_host
+from tiercache.layout import BlockLayout
+from tiercache.worker.pools import KVBlocks
+
+
+def groups_of(blocks: KVBlocks) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    return (blocks.k_packed, blocks.k_norms), (blocks.v_packed, blocks.v_norms)
 
 
 def checksums_of(blocks: KVBlocks, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """[n, 2] int64: the Triton kernel on CUDA, block_checksums_host elsewhere (the reference's bits)."""
-    sections = [getattr(blocks, name) for name in SECTIONS]
-    if sections[0].device.type == "cuda":
-        return block_checksums(sections, ids)
-    return block_checksums_host(sections, ids)
+    """[n, 2, L, 2] int64: the Triton kernel on CUDA, piece_checksums_host elsewhere (the same bits)."""
+    if blocks.k_packed.device.type == "cuda":
+        return piece_checksums(groups_of(blocks), ids)
+    return piece_checksums_host(groups_of(blocks), ids)
 
 
-SLOT_CHECKSUM_BYTES = 16  # (S1, S2) int64 per slot
+def block_checksum(sums: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """[n, 2, L, 2] piece sums of blocks in this layout → [n, 2] int64 on the host."""
+    bs, h = layout.block_size, layout.num_kv_heads
+    words = [-(-bs * h * p // 4) + bs * h for p in (layout.k_packed_dim, layout.v_packed_dim)]  # piece_words
+    return fold_pieces(sums, words)
+
+
+def slot_checksum_bytes(num_layers: int) -> int:
+    return 2 * num_layers * 2 * 8  # (S1, S2) int64 per side and layer
 
 
 class SlotChecksums:
-    def __init__(self, capacities: Mapping[str, int], device: torch.device | str) -> None:
+    def __init__(self, capacities: Mapping[str, int], device: torch.device | str, num_layers: int) -> None:
         self.device = torch.device(device)
         self._sums = {
-            tier: torch.zeros(n, 2, dtype=torch.int64, device=self.device) for tier, n in capacities.items()
-        }  # [slots, 2] int64 per tier: (S1, S2) of the bytes last written to each slot
+            tier: torch.zeros(n, 2, num_layers, 2, dtype=torch.int64, device=self.device)
+            for tier, n in capacities.items()
+        }  # [slots, 2, L, 2] int64 per tier: (S1, S2) of each piece of the bytes last written to each slot
 
     def record(self, tier: str, slots: Sequence[int], sums: torch.Tensor) -> None:
         self._sums[tier].index_copy_(0, self._index(slots), sums.to(self.device))
 
     def get(self, tier: str, slots: Sequence[int]) -> torch.Tensor:
-        """[n, 2] int64 on the device: the sums recorded for these slots."""
+        """[n, 2, L, 2] int64 on the device: the sums recorded for these slots."""
         return self._sums[tier].index_select(0, self._index(slots))
 
     def move(self, src_tier: str, src_slots: Sequence[int], dst_tier: str, dst_slots: Sequence[int]) -> None:
@@ -68,7 +86,8 @@ class SlotChecksums:
         if len(tiers) == 1:
             (tier,) = tiers
             return self._sums[tier].index_select(0, self._index([slot for _, slot in places]))
-        expected = torch.empty(len(places), 2, dtype=torch.int64, device=self.device)
+        shape = next(iter(self._sums.values())).shape[1:]
+        expected = torch.empty(len(places), *shape, dtype=torch.int64, device=self.device)
         for tier in tiers:
             at = [i for i, (t, _) in enumerate(places) if t == tier]
             slots = self._sums[tier].index_select(0, self._index([places[i][1] for i in at]))

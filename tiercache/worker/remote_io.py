@@ -11,7 +11,9 @@ Provides:
     read_blocks(store, hashes) -> list[RemoteBlock | str]   fetch values and check each: header (codec id,
                                          block hash, size) and the payload's checksum; a str says why the
                                          block is a miss
-    RemoteBlock                          row [dram_stride] uint8 (DRAM format), checksum (s1, s2)
+    RemoteBlock                          row [dram_stride] uint8 (DRAM format), checksum (s1, s2): the
+                                         block's (integrity.block_checksum), pieces [2, L, 2] int64: its
+                                         piece checksums, what the DRAM tier records
     rows_of(blocks) -> [n, dram_stride] uint8   the blocks' rows as one tensor: their batch's own when they
                                          are all of it, in order (no copy), else stacked
     batches_of(blocks) -> list[range]    runs of blocks that rows_of turns into a batch without a copy
@@ -38,7 +40,7 @@ import torch
 
 from tiercache.remote.format import encode_value, parse_header
 from tiercache.remote.store import RemoteStore
-from tiercache.worker.integrity import checksums_of
+from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 class RemoteBlock:
     row: torch.Tensor  # [dram_stride] uint8, the DRAM tier's bytes of the block
     checksum: tuple[int, int]
+    pieces: torch.Tensor = field(compare=False, repr=False)  # [2, L, 2] int64
     batch: torch.Tensor | None = field(default=None, compare=False, repr=False)  # its read's rows: row is
     index: int = field(default=0, compare=False, repr=False)  # batch[index]
 
@@ -182,11 +185,12 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
         out.append("")  # filled below
     for run in _runs([payload for _, (_, payload) in parsed]):
         rows = _rows(run, [payload for _, (_, payload) in parsed])  # [m, dram_stride] uint8
-        got = checksums_of(block_views(rows, store.namespace.layout)).tolist()
+        pieces = checksums_of(block_views(rows, store.namespace.layout))  # [m, 2, L, 2]
+        got = block_checksum(pieces, store.namespace.layout).tolist()
         for j, (k, sums) in enumerate(zip(run, got, strict=True)):
             i, (expected, _) = parsed[k]
             if tuple(sums) == tuple(expected):
-                out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), rows, j)
+                out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), pieces[j], rows, j)
             else:
                 out[i] = (
                     f"remote value refused: checksum mismatch (sums {_hex(expected[0])}/{_hex(expected[1])} "

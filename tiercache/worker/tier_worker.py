@@ -16,10 +16,15 @@ Provides:
                                        does not hold that block); None: load it
         read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
                                        slots in place, DRAM blocks staged (DMA); no other copy
-        check_read(items, sources) -> ReadCheck | None   the read blocks' checksums compared with those
-                                       recorded, on the device (ReadCheck.ok: [n] bool, per item), and the
-                                       sums on their way to pinned host memory; None when checksums are
-                                       off. The host does not wait.
+        expected_sums(items) -> [n, 2, L, 2] | None   the piece sums recorded for the LoadItems' slots, on
+                                       the device (None: checksums off) — what a decode that verifies
+                                       (tq_dequantize_layers's verify) compares with
+        verdict(expected, got) -> ReadCheck   the comparison of the sums a decode read (got) with them,
+                                       queued on the device (ReadCheck.ok: [n] bool, per item), its flags on
+                                       their way to pinned host memory. The host does not wait.
+        check_read(items, sources) -> ReadCheck | None   the same for a separate pass: the read blocks'
+                                       checksums computed (checksums_of) and compared; None when checksums
+                                       are off
         refusals(items, check) -> list[str | None]   per item, why its bytes cannot be served (they
                                        changed since they were stored: "checksum mismatch: …", the slot's
                                        tag cleared); None: serve them. Waits for the check's own event
@@ -29,9 +34,10 @@ Provides:
         verify(items, blocks) -> list[str | None]   verify_read for what load returned
         dram_rows(items) -> list[(row, checksum) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
                                        uint8, a view: copy it before the slot is written again) and
-                                       recorded checksum; a str: the slot does not hold that block
+                                       recorded block checksum (integrity.block_checksum); a str: the slot
+                                       does not hold that block
         fill_dram(items, rows, sums)   write fetched rows ([n, dram_stride] uint8) into the items' DRAM
-                                       slots, record their checksums ([n, 2] int64) and tag them
+                                       slots, record their piece checksums ([n, 2, L, 2] int64), tag them
         submit(job)                    start a TransferJob (destination tags: cleared now, set once done;
                                        the blocks' checksums go with them)
         poll() / wait() -> list[JobResult]   finished jobs; report each to the scheduler
@@ -52,7 +58,7 @@ import torch
 
 from tiercache.layout import BlockLayout, tier_capacities
 from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, RemoteItem, StoreItem, TransferJob
-from tiercache.worker.integrity import SLOT_CHECKSUM_BYTES, SlotChecksums, checksums_of
+from tiercache.worker.integrity import SlotChecksums, block_checksum, checksums_of, slot_checksum_bytes
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
@@ -63,8 +69,10 @@ class ReadCheck:
     """A load's checksum comparison, queued on the device: item i's bytes are intact iff ok[i]."""
 
     ok: torch.Tensor  # [n] bool, on the device
-    sums: torch.Tensor  # [n, 4] int64 on the host (pinned on CUDA): expected S1, S2, read S1, S2
-    ready: torch.cuda.Event | None  # recorded once sums is filled (None: it already is)
+    flags: torch.Tensor  # [n] bool on the host (pinned on CUDA): ok, once ready
+    ready: torch.cuda.Event | None  # recorded once flags is filled (None: it already is)
+    expected: torch.Tensor  # [n, 2, L, 2] int64 on the device: the sums recorded at the store
+    got: torch.Tensor  # [n, 2, L, 2] int64 on the device: the sums of the bytes read
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class TierWorker:
         self.engine = TransferEngine(vram, dram, max_batch_blocks)
         capacities = {VRAM: vram.num_blocks, DRAM: dram.num_blocks}
         self.tags = SlotTags(capacities)
-        self.checksums = SlotChecksums(capacities, vram.device) if checksums else None
+        layers = vram.layout.num_layers
+        self.checksums = SlotChecksums(capacities, vram.device, layers) if checksums else None
         self._jobs: dict[int, TransferJob] = {}  # submitted, not yet finished
 
     @classmethod
@@ -109,7 +118,8 @@ class TierWorker:
         device = torch.device(device)
         capacity = tier_capacities(config, layout)
         slots = capacity[VRAM] + capacity[DRAM]
-        sums = (SLOT_CHECKSUM_BYTES * slots, f"the block checksums of its {slots:,} VRAM and DRAM slots")
+        table = slot_checksum_bytes(layout.num_layers) * slots
+        sums = (table, f"the block checksums of its {slots:,} VRAM and DRAM slots")
         config.check_memory(layout.bytes_per_token, check_device=device.type == "cuda", device_extra=sums)
         return cls.create(layout, capacity[VRAM], capacity[DRAM], codec_id, device, pin)
 
@@ -127,7 +137,7 @@ class TierWorker:
 
     # ------------------------------------------------------------------ stores and loads
     def store(self, items: Sequence[StoreItem], blocks: KVBlocks) -> None:
-        sums = checksums_of(blocks) if self.checksums is not None else None  # [n, 2] on the device
+        sums = checksums_of(blocks) if self.checksums is not None else None  # [n, 2, L, 2] on the device
         for tier, positions in _by_tier(items).items():
             slots = [items[i].slot for i in positions]
             self.tags.clear(tier, slots)
@@ -172,27 +182,36 @@ class TierWorker:
                 sources.append(BlockSource(positions, staged, rows))
         return sources
 
+    def expected_sums(self, items: Sequence[LoadItem]) -> torch.Tensor | None:
+        if self.checksums is None or not items:
+            return None
+        return self.checksums.expected([(item.tier, item.slot) for item in items])
+
+    def verdict(self, expected: torch.Tensor, got: torch.Tensor) -> ReadCheck:
+        """expected, got: [n, 2, L, 2] int64 on the device (got filled by work queued before this call)."""
+        ok = (expected == got).flatten(1).all(1)
+        if ok.device.type != "cuda":
+            return ReadCheck(ok, ok, None, expected, got)
+        flags = torch.empty(ok.shape, dtype=torch.bool, pin_memory=True)
+        flags.copy_(ok, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ReadCheck(ok, flags, ready, expected, got)
+
     def check_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> ReadCheck | None:
         """sources: what read(items) returned. Nothing waits: a decode that reads ok skips the refused
         blocks before the host knows of them."""
-        if self.checksums is None or not items:
+        expected = self.expected_sums(items)
+        if expected is None:
             return None
         if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
-            got = checksums_of(sources[0].blocks, sources[0].ids).to(self.checksums.device)
+            got = checksums_of(sources[0].blocks, sources[0].ids).to(expected.device)
         else:
-            got = torch.empty(len(items), 2, dtype=torch.int64, device=self.checksums.device)
+            got = torch.empty_like(expected)
             for source in sources:
                 at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
                 got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
-        expected = self.checksums.expected([(item.tier, item.slot) for item in items])
-        both = torch.cat([expected, got], 1)
-        if both.device.type != "cuda":
-            return ReadCheck((expected == got).all(1), both, None)
-        sums = torch.empty(both.shape, dtype=torch.int64, pin_memory=True)
-        sums.copy_(both, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return ReadCheck((expected == got).all(1), sums, ready)
+        return self.verdict(expected, got)
 
     def refusals(self, items: Sequence[LoadItem], check: ReadCheck | None) -> list[str | None]:
         """A block whose bytes no longer have the checksum recorded when they were stored gets a reason, and
@@ -202,17 +221,15 @@ class TierWorker:
             return [None] * len(items)
         if check.ready is not None:
             check.ready.synchronize()
-        both = check.sums.tolist()
-        reasons: list[str | None] = []
-        for item, (e1, e2, g1, g2) in zip(items, both, strict=True):
-            if (e1, e2) == (g1, g2):
-                reasons.append(None)
+        reasons: list[str | None] = [None] * len(items)
+        for i, intact in enumerate(check.flags.tolist()):
+            if intact:
                 continue
+            item = items[i]
             self.tags.clear(item.tier, [item.slot])
-            reasons.append(
+            reasons[i] = (
                 f"checksum mismatch: {item.tier} slot {item.slot} (block {item.block_hash.hex()[:16]}): its "
-                f"bytes changed after they were stored (sums {_hex(e1)}/{_hex(e2)} stored, "
-                f"{_hex(g1)}/{_hex(g2)} read)"
+                f"bytes changed after they were stored ({_mismatch(check.expected[i], check.got[i])})"
             )
         return reasons
 
@@ -246,25 +263,35 @@ class TierWorker:
 
     # ------------------------------------------------------------------ the remote tier (DRAM rows)
     def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, tuple[int, int]] | str]:
-        """The uploads' bytes. The checksum is the one recorded when the bytes were stored (computed from
-        the row only when checksums are off): bytes changed since then are refused by the reader."""
+        """The uploads' bytes. The checksum is the block checksum of the piece sums recorded when the bytes
+        were stored (of the row only when checksums are off): bytes changed since then are refused by the
+        reader."""
         out: list[tuple[torch.Tensor, tuple[int, int]] | str] = []
         slots = [item.slot for item in items]
         rows = self.dram.buffer[slots] if slots else self.dram.buffer[:0]  # [n, dram_stride] uint8 copy
+        if not slots:
+            return out
         if self.checksums is not None:
-            sums = self.checksums.get(DRAM, slots).tolist() if slots else []
+            pieces = self.checksums.get(DRAM, slots)
         else:
-            sums = checksums_of(block_views(rows, self.dram.layout)).tolist()
+            pieces = checksums_of(block_views(rows, self.dram.layout))
+        sums = block_checksum(pieces, self.dram.layout).tolist()
         for item, row, pair in zip(items, rows, sums, strict=True):
             wrong = self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id)
             out.append(f"not uploaded: {wrong}" if wrong else (row, (pair[0], pair[1])))
         return out
 
     def fill_dram(self, items: Sequence[RemoteItem], rows: torch.Tensor, sums: torch.Tensor) -> None:
-        """rows: [n, dram_stride] uint8 (fetched, verified by the caller); sums: [n, 2] int64."""
+        """rows: [n, dram_stride] uint8 (fetched, verified by the caller); sums: [n, 2, L, 2] int64, their
+        piece checksums."""
         slots = [item.slot for item in items]
         if not slots:
             return
+        want = (len(slots), 2, self.dram.layout.num_layers, 2)
+        if tuple(sums.shape) != want:
+            raise ValueError(
+                f"fill_dram: sums must be the rows' piece checksums {list(want)}, got {list(sums.shape)}"
+            )
         self.tags.clear(DRAM, slots)
         self.dram.buffer[torch.as_tensor(slots)] = rows
         if self.checksums is not None:
@@ -310,6 +337,25 @@ def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
     for i, item in enumerate(items):
         groups.setdefault(item.tier, []).append(i)
     return groups
+
+
+def _mismatch(expected: torch.Tensor, got: torch.Tensor) -> str:
+    """expected, got: [2, L, 2] int64 sums of one block's pieces → which pieces differ, the first one's
+    sums."""
+    expected, got = expected.cpu(), got.cpu()
+    differ = (expected != got).any(2).nonzero().tolist()  # [(side, layer)]
+    if not differ:
+        return "its checksum verdict was negative but the sums agree"
+    side, layer = differ[0]
+    (e1, e2), (g1, g2) = expected[side, layer].tolist(), got[side, layer].tolist()
+    more = (
+        f"; {len(differ)} of its {expected.shape[0] * expected.shape[1]} pieces differ"
+        if len(differ) > 1
+        else ""
+    )
+    return (
+        f"{'KV'[side]} of layer {layer}: sums {_hex(e1)}/{_hex(e2)} stored, {_hex(g1)}/{_hex(g2)} read{more}"
+    )
 
 
 def _hex(value: int) -> str:
