@@ -8,7 +8,7 @@ field-major order), scale by the norms, store.
   plain / CHECKED: an item is (layer, listed block, row tile); CHECKED: a listed block whose ok[i] is 0 is
     skipped (its destination keeps its bytes).
   VERIFY: an item is (layer, listed block), one piece of checksum.py (its packed bytes, then its norms, as
-    32-bit words): the program sums the piece's words first (CTILE at a time), stores the sums in
+    32-bit words): the program sums the piece's words first (PTILE / NTILE at a time), stores the sums in
     got[i, l] and compares them with exp[i, l]; only a piece whose sums match is decoded and written, so
     no byte of a changed piece reaches the cache. The piece's bytes are read twice, the second time from
     the cache of the SM that just read them.
@@ -34,7 +34,7 @@ def _dequantize_kernel(
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, IEEE: tl.constexpr,
     BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, OUT_IDS: tl.constexpr,
     LAYERED: tl.constexpr, ALIGN: tl.constexpr, CHECKED: tl.constexpr, VERIFY: tl.constexpr,
-    CTILE: tl.constexpr,
+    PTILE: tl.constexpr, NTILE: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, D)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
@@ -45,10 +45,10 @@ def _dequantize_kernel(
             n = item % num_ids
             block = tl.load(ids_ptr + n).to(tl.int64)
             s1, s2 = _word_sums(
-                (p_ptr + layer * sp_l + block * sp_b).to(tl.pointer_type(tl.int32)), pwords, 0, CTILE
+                (p_ptr + layer * sp_l + block * sp_b).to(tl.pointer_type(tl.int32)), pwords, 0, PTILE
             )
             norm_words = (n_ptr + layer * sn_l + block * sn_b).to(tl.pointer_type(tl.int32))
-            t1, t2 = _word_sums(norm_words, BLOCK_SIZE * H, pwords, CTILE)
+            t1, t2 = _word_sums(norm_words, BLOCK_SIZE * H, pwords, NTILE)
             s1 += t1
             s2 += t2
             got = got_ptr + n * sg_n + layer * sg_l
@@ -87,14 +87,14 @@ def _dequantize_kernel(
 @triton.jit
 def _word_sums(words_ptr, count, base, CTILE: tl.constexpr):
     """(Σ w, Σ (base + j + 1) · w) over the count int32 words at words_ptr, zero-extended, wrapping int64."""
-    s1 = tl.full([], 0, tl.int64)
-    s2 = tl.full([], 0, tl.int64)
+    s1 = tl.zeros([CTILE], dtype=tl.int64)  # per lane: one reduction at the end, no barrier per step
+    s2 = tl.zeros([CTILE], dtype=tl.int64)
     for start in range(0, count, CTILE):
         j = start + tl.arange(0, CTILE)
         w = tl.load(words_ptr + j, mask=j < count, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
-        s1 += tl.sum(w, axis=0)
-        s2 += tl.sum(w * (base + j.to(tl.int64) + 1), axis=0)
-    return s1, s2
+        s1 += w
+        s2 += w * (base + j.to(tl.int64) + 1)
+    return tl.sum(s1, axis=0), tl.sum(s2, axis=0)
 
 
 @triton.jit

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import HAVE_TRITON, num_sms, use_triton
+from ._backend import HAVE_TRITON, next_pow2, num_sms, use_triton
 from ._checks import (
     check_cache,
     check_codec,
@@ -45,7 +45,7 @@ from .launch_config import DequantizeLaunchConfig, resolve_config
 from .paged_layers import PagedLayers
 from .reference import dequantize_blocks_reference, piece_checksums_reference
 
-CHECK_TILE = 512  # words a VERIFY program sums per step
+CHECK_TILE = 4096  # at most this many words a VERIFY program loads per step (a whole K8 d128 piece: one step)
 LAST_COMPILED: dict = {}  # the last compiled kernel (register and spill report in the benchmark)
 
 if HAVE_TRITON:
@@ -209,8 +209,10 @@ def _launch(packed, norms, block_ids, out_blocks, ok, codec, out, layers, config
     items = num_layers * block_ids.shape[0]
     if verify is None:
         items *= -(-block_size * num_heads // rows)
-    grid = (max(1, min(items, config.programs_per_sm * num_sms(packed.device))),)
+    per_sm = config.programs_per_sm if verify is None else config.verify_programs_per_sm
+    grid = (max(1, min(items, per_sm * num_sms(packed.device))),)
     expected, got = verify if verify is not None else (block_ids, block_ids)  # any tensor when unused
+    pwords = block_size * num_heads * packed.shape[4] // 4  # 32-bit words of one piece's packed bytes
     sums_strides = (0, 0, 0, 0)
     if verify is not None:
         sums_strides = (expected.stride(0), expected.stride(1), got.stride(0), got.stride(1))
@@ -219,12 +221,13 @@ def _launch(packed, norms, block_ids, out_blocks, ok, codec, out, layers, config
         block_ids, block_ids if out_blocks is None else out_blocks,
         block_ids if ok is None else ok.view(torch.uint8), block_ids.shape[0], num_heads, num_layers,
         expected, sums_strides[0], sums_strides[1], got, sums_strides[2], sums_strides[3],
-        block_size * num_heads * packed.shape[4] // 4,
+        pwords,
         codebook, rot,
         out, layers.offsets if layered else block_ids, *out.stride(),
         BLOCK_SIZE=block_size, D=out.shape[-1], ROWS=rows, IEEE=ieee,
         BITS=t.bits, PG=t.per_group, BPG=t.bytes_per_group, NG=t.num_groups, OUT_IDS=out_blocks is not None,
         LAYERED=layered, ALIGN=layers.align if layered else 1, CHECKED=ok is not None,
-        VERIFY=verify is not None, CTILE=CHECK_TILE,
+        VERIFY=verify is not None, PTILE=min(CHECK_TILE, next_pow2(pwords)),
+        NTILE=min(CHECK_TILE, next_pow2(block_size * num_heads)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

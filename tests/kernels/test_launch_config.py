@@ -53,6 +53,7 @@ BAD = [
     (EncodeLaunchConfig, "num_stages", 0, "an integer ≥ 1"),
     (DequantizeLaunchConfig, "rows", 100, "a power of two ≥ 16"),
     (DequantizeLaunchConfig, "programs_per_sm", 0, "an integer ≥ 1"),
+    (DequantizeLaunchConfig, "verify_programs_per_sm", 0, "an integer ≥ 1"),
     (DequantizeLaunchConfig, "num_warps", 0, "a power of two from 1 to 32"),
     (DequantizeLaunchConfig, "num_stages", 2.5, "an integer ≥ 1"),
 ]
