@@ -23,8 +23,8 @@ What is checksummed: each (side, layer) piece of a block — its packed bytes, t
 per piece. A load's decode reads exactly one piece per program, so it verifies the piece in the same pass,
 before it writes a byte of it (kernels.tq_dequantize_layers with verify): no separate pass over the loaded
 bytes. A block is still the unit of a load and of a miss: one changed piece refuses its whole block. The
-tables live on the device (DRAM slots' sums too: 32 bytes a layer and slot, ~0.2 % of a K8V4 block at
-head_dim 128), so a store and a move never wait for the device.
+tables live on the device (DRAM slots' sums too: 32 bytes a layer and slot, 0.125 % of a K8V4 block at 8
+KV heads × d128), so a store and a move never wait for the device.
 """
 
 from __future__ import annotations
