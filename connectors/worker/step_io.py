@@ -96,8 +96,9 @@ class StepIO:
         return self.tiers.verdict(expected, got)
 
     def _settle(self, step: StepState) -> None:
-        """The step's decoded loads: ok, or refused with their reasons (waits for the checksum comparison
-        queued before the decode, not for the decode). Runs before vLLM reads this step's load errors."""
+        """The step's decoded loads: ok, or refused with their reasons (waits for the comparison's event:
+        the verifying decode itself, or a separate pass queued before the decode). Runs before vLLM reads
+        this step's load errors."""
         if step.verdicts is None:
             return
         todo, items, check = step.verdicts

@@ -40,14 +40,13 @@ def warm_up(
     v_views: Sequence[BlockAccess],
     page_views: Sequence[PageViews],
 ) -> float:
-    """Encode vLLM's block 0 n times, checksum the copies and decode them as a load of n blocks into
-    distinct blocks 0 … n−1 would, with every block but the first refused (its expected sums or its flag
-    off: only block 0 is written), straight
-    and through DRAM staging (primary mode: copy block 0's pages and checksum them), for each n of
-    WARM_COUNTS, through the serving path's own calls: the first requests then pay no JIT compile. Block 0
-    is vLLM's null block (its BlockPool reserves it; no request's KV lives there), and the cache holds no
-    request yet when vLLM registers it. No VRAM slot is written; the DRAM slots written are untagged
-    (nothing reads them before a store or a move rewrites them)."""
+    """Encode vLLM's block 0 n times, checksum the copies and decode them as a load of n blocks into distinct
+    blocks 0 … n−1 would, with every block but the first refused (its expected sums or its flag off: only
+    block 0 is written), straight and through DRAM staging (primary mode: copy block 0's pages and checksum
+    them), for each n of WARM_COUNTS, through the serving path's own calls: the first requests then pay no JIT
+    compile. Block 0 is vLLM's null block (its BlockPool reserves it; no request's KV lives there), and the
+    cache holds no request yet when vLLM registers it. No VRAM slot is written; the DRAM slots written are
+    untagged (nothing reads them before a store or a move rewrites them)."""
     if tiers.vram.device.type != "cuda":
         return 0.0
     if os.environ.get(WARM_START_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
