@@ -88,5 +88,5 @@ def _load(tiers, codec, k_views, v_views, blocks, dst: list[int], at: torch.Tens
         decode_blocks(codec, blocks, k_views, v_views, dst, at, verify=(expected, got))
         tiers.verdict(expected, got)
     else:
-        ok = tiers.verdict(expected, checksums_of(blocks, at)).ok  # a separate pass's flags, on the device
+        ok = tiers.verdict(expected, sums).ok  # a separate pass's flags (sums is that pass), on the device
         decode_blocks(codec, blocks, k_views, v_views, dst, at, ok)
