@@ -47,8 +47,10 @@ class StepState:
 class StepIO:
     def _load(self, step: StepState) -> None:
         todo = []
-        for i, item in enumerate(step.plan.loads):
-            reason = step.unfetched.get(item.block_hash) or self.tiers.refusal(item)
+        loads = step.plan.loads
+        unfetched = step.unfetched
+        for i, reason in enumerate(self.tiers.refusals_before_read(loads)):
+            reason = (unfetched.get(loads[i].block_hash) if unfetched else None) or reason
             if reason:
                 self._refuse(step, i, reason)
             else:

@@ -85,6 +85,33 @@ def test_checksums_follow_blocks_through_spill_and_warm(layout):
     assert worker.verify(spilled, worker.load(spilled))[0].startswith("checksum mismatch: dram slot 2 ")
 
 
+def test_refusals_before_read_are_each_items_refusal_and_expected_sums_follow_the_items():
+    """The batch check gives refusal(item) for every item of a mixed batch (held, wrong hash, wrong codec,
+    cleared, out of range, refused by the manager, both tiers interleaved); expected_sums of a one-tier and
+    of a two-tier batch are the recorded sums in item order."""
+    layout = LAYOUTS[0]
+    worker, _ = stored(layout)
+    worker.tags.set(VRAM, [3], [name(3)], "other codec")
+    worker.tags.clear(DRAM, [6])
+    items = [
+        *loads((DRAM, 5), (VRAM, 0), (VRAM, 3), (DRAM, 6), (VRAM, 1)),
+        LoadItem(name(9), VRAM, 2, 0),  # slot 2 holds block 2
+        LoadItem(name(1), VRAM, 99, 0),
+        LoadItem(name(4), None, 4, 0),
+    ]
+    reasons = worker.refusals_before_read(items)
+    assert reasons == [worker.refusal(item) for item in items]
+    assert reasons[0] is None and reasons[1] is None and reasons[4] is None
+    assert "codec mismatch" in reasons[2] and "holds no block" in reasons[3] and "holds block" in reasons[5]
+    assert "out of range" in reasons[6] and "refused it after the lookup" in reasons[7]
+    assert worker.refusals_before_read(loads((VRAM, 0), (VRAM, 1))) == [None, None]
+    mixed = loads((DRAM, 5), (VRAM, 0), (DRAM, 7), (VRAM, 2))
+    table = worker.checksums
+    want = torch.cat([table.get(tier, [slot]) for tier, slot in ((DRAM, 5), (VRAM, 0), (DRAM, 7), (VRAM, 2))])
+    assert torch.equal(worker.expected_sums(mixed), want)
+    assert torch.equal(worker.expected_sums(mixed[1::2]), want[1::2])  # one tier
+
+
 def test_the_sums_recorded_are_those_of_the_stored_bytes():
     layout = LAYOUTS[0]
     worker, data = stored(layout)

@@ -9,11 +9,13 @@ Provides:
         set(tier, slots, hashes, codec_id)          these slots now hold these blocks, encoded with codec_id
         tag(tier, slot) -> (hash, codec id) | None
         refusal(tier, slot, block_hash, codec_id) -> str | None   why the slot cannot be read as that block
+        holds(tier, slots, hashes, codec_id) -> list[bool]   per slot, whether refusal would be None (one
+                                                    pass over a batch: a load's check)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 
 class SlotTags:
@@ -32,6 +34,10 @@ class SlotTags:
 
     def tag(self, tier: str, slot: int) -> tuple[bytes, str] | None:
         return self._tags[tier][slot]
+
+    def holds(self, tier: str, slots: Sequence[int], hashes: Sequence[bytes], codec_id: str) -> list[bool]:
+        tags, size = self._tags[tier], len(self._tags[tier])
+        return [0 <= s < size and tags[s] == (h, codec_id) for s, h in zip(slots, hashes, strict=True)]
 
     def refusal(self, tier: str, slot: int, block_hash: bytes, codec_id: str) -> str | None:
         tags = self._tags[tier]

@@ -14,6 +14,7 @@ Provides:
                                        then the same checksums and tags as store
         refusal(item) -> str | None    why a LoadItem cannot be served (refused by the manager, or its slot
                                        does not hold that block); None: load it
+        refusals_before_read(items) -> list[str | None]   refusal of each, in one pass over the batch
         read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
                                        slots in place, DRAM blocks staged (DMA); no other copy
         expected_sums(items) -> [n, 2, L, 2] | None   the piece sums recorded for the LoadItems' slots, on
@@ -155,6 +156,19 @@ class TierWorker:
         if item.tier is None:
             return "the manager refused it after the lookup"
         return self.tags.refusal(item.tier, item.slot, item.block_hash, self.codec_id)
+
+    def refusals_before_read(self, items: Sequence[LoadItem]) -> list[str | None]:
+        reasons: list[str | None] = [None] * len(items)
+        for tier, positions in _by_tier(items).items():
+            at = [items[i] for i in positions]
+            if tier is None:
+                held = [False] * len(at)
+            else:
+                held = self.tags.holds(tier, [x.slot for x in at], [x.block_hash for x in at], self.codec_id)
+            for i, item, ok in zip(positions, at, held, strict=True):
+                if not ok:
+                    reasons[i] = self.refusal(item)
+        return reasons
 
     def store_in_place(
         self, items: Sequence[StoreItem], write: Callable[[KVBlocks, torch.Tensor], None]
@@ -333,6 +347,9 @@ class TierWorker:
 
 def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
     """Positions of the items in each tier, in order."""
+    tiers = [item.tier for item in items]
+    if tiers and tiers.count(tiers[0]) == len(tiers):  # the common batch: one tier
+        return {tiers[0]: list(range(len(tiers)))}
     groups: dict[str, list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault(item.tier, []).append(i)
