@@ -183,8 +183,9 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
             continue
         parsed.append((len(out), header))
         out.append("")  # filled below
-    for run in _runs([payload for _, (_, payload) in parsed]):
-        rows = _rows(run, [payload for _, (_, payload) in parsed])  # [m, dram_stride] uint8
+    payloads = [payload for _, (_, payload) in parsed]
+    for run in _runs(payloads):
+        rows = _rows(run, payloads)  # [m, dram_stride] uint8
         pieces = checksums_of(block_views(rows, store.namespace.layout))  # [m, 2, L, 2]
         got = block_checksum(pieces, store.namespace.layout).tolist()
         for j, (k, sums) in enumerate(zip(run, got, strict=True)):
