@@ -351,8 +351,8 @@ def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
     if tiers and tiers.count(tiers[0]) == len(tiers):  # the common batch: one tier
         return {tiers[0]: list(range(len(tiers)))}
     groups: dict[str, list[int]] = {}
-    for i, item in enumerate(items):
-        groups.setdefault(item.tier, []).append(i)
+    for i, tier in enumerate(tiers):
+        groups.setdefault(tier, []).append(i)
     return groups
 
 
