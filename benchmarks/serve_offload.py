@@ -14,13 +14,16 @@ Engines run as `vllm serve` does by default (torch.compile and CUDA graphs; each
 decode steps weigh more against its prefill).
 Reported per engine: each round's seconds, the steady rounds' mean (rounds 2 on), the share of prompt tokens
 not recomputed in steady rounds (vLLM's num_cached_tokens: GPU prefix hits plus tokens loaded from a tier),
-and the steady round time against native offload with the same host memory.
+and the steady round time against its baseline: native offload with the same host memory, or (checksums)
+the connector with checksums off.
 
 Cases (host memory per engine; bf16 needs 128 KiB per token at 32 layers, k8v4 50 KiB):
   fits      both tiers hold every context           (native and tiercache with --fits-gib)
   tight     only tiercache's compressed tier holds all (both with --tight-gib)
   pressure  neither holds all: tiercache with --pressure-gib (graph and lru policies) against native with
             the same token capacity (--pressure-gib × bf16/k8v4 bytes)
+  checksums what the piece checksums cost (issue 26): tiercache (graph, --fits-gib) as served, against the
+            same connector with checksums off (benchmarks/_unchecked_connector.py; not a product setting)
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def child(args: argparse.Namespace) -> None:
     options = {}
     if kind == "native":
         options = {"kv_offloading_size": float(host_gib), "kv_offloading_backend": "native"}
-    elif kind == "tiercache":
+    elif kind in ("tiercache", "unchecked"):
         gpu_kv -= args.vram_gib  # the VRAM tier comes out of the same GPU memory
         tiers = {"vram": f"{int(args.vram_gib * 1024)}MiB", "dram": f"{int(float(host_gib) * 1024)}MiB"}
         eviction = {"policy": policy, "advisor_interval": f"{args.advisor_ms}ms"}
@@ -59,6 +62,11 @@ def child(args: argparse.Namespace) -> None:
                  "inspect": {"socket": "off"}}  # fmt: skip
         options = {"kv_transfer_config": {"kv_connector": "TierCacheConnector", "kv_role": "kv_both",
                                           "kv_connector_extra_config": extra}}  # fmt: skip
+        if kind == "unchecked":
+            options["kv_transfer_config"].update(
+                kv_connector="UncheckedTierCacheConnector",
+                kv_connector_module_path="benchmarks._unchecked_connector",
+            )
     llm = LLM(
         model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_model_len=args.context + 32 + args.max_tokens + 16, enable_prefix_caching=True,
@@ -104,6 +112,10 @@ def engines(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(case, engine, baseline engine) rows; engine = kind:host_gib:policy."""
     rows = [] if args.no_prefix else [("-", "prefix:0:-", "")]
     for case in args.cases.split(","):
+        if case == "checksums":
+            unchecked = f"unchecked:{args.fits_gib:g}:graph"
+            rows += [(case, unchecked, ""), (case, f"tiercache:{args.fits_gib:g}:graph", unchecked)]
+            continue
         gib = {"fits": args.fits_gib, "tight": args.tight_gib, "pressure": args.pressure_gib}[case]
         native = f"native:{gib * K8V4_SHRINK if case == 'pressure' else gib:g}:-"
         rows.append((case, native, ""))
@@ -122,7 +134,7 @@ def main() -> None:
     parser.add_argument("--gpu-kv-gib", type=float, default=8.0, help="GPU memory for KV, every engine")
     parser.add_argument("--vram-gib", type=float, default=0.5, help="tiercache's VRAM tier (from the above)")
     parser.add_argument("--codec", default="k8v4")
-    parser.add_argument("--cases", default="fits,tight,pressure")
+    parser.add_argument("--cases", default="fits,tight,pressure", help="any of fits,tight,pressure,checksums")
     parser.add_argument("--fits-gib", type=float, default=20.0)
     parser.add_argument("--tight-gib", type=float, default=8.0)
     parser.add_argument("--pressure-gib", type=float, default=4.0)
@@ -161,7 +173,7 @@ def main() -> None:
     print(f"\n{args.users} users × {args.context} tokens, {args.layers} layers, "
           f"GPU KV {args.gpu_kv_gib:g} GiB, {args.rounds} rounds, codec {args.codec}, "
           f"{'eager' if args.eager else 'CUDA graphs'}")  # fmt: skip
-    print("case | engine | host GiB | round s (each) | steady s | cached % (steady) | × native (time)")
+    print("case | engine | host GiB | round s (each) | steady s | cached % (steady) | against baseline")
     for case, engine, baseline in rows:
         res, mine = results[engine], steady(engine)
         kind, gib, policy = engine.split(":")
@@ -171,7 +183,12 @@ def main() -> None:
             continue
         each = ", ".join(f"{r['s']:.2f}" for r in res["rounds"])
         ref = steady(baseline) if baseline else None
-        speed = f"{ref[0] / mine[0]:.2f}× faster" if ref else "-"
+        if not ref:
+            speed = "-"
+        elif case == "checksums":  # the cost of checking, in steady-round time
+            speed = f"{100 * (mine[0] / ref[0] - 1):+.1f} % time"
+        else:
+            speed = f"{ref[0] / mine[0]:.2f}× faster than native"
         print(f"{case} | {name} | {gib} | {each} | {mine[0]:.2f} | {100 * mine[1]:.1f} | {speed}")
 
 
