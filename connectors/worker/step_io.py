@@ -67,7 +67,7 @@ class StepIO:
                 return
             # the decode verifies or reads the verdicts on the device: no byte of a changed piece is
             # written, and the host learns which blocks were refused later in the step (_settle)
-            expected = self.tiers.expected_sums(items)
+            expected = self.tiers.expected_sums(items, sources)
             if expected is not None and all(
                 verifies_in_kernel(self.codec, s.blocks, self.k_views, self.v_views) for s in sources
             ):
@@ -81,14 +81,15 @@ class StepIO:
             step.verdicts = (todo, items, check)
 
     def _decode_verified(self, items: list, sources: list, expected: torch.Tensor):
-        """Each source decoded by kernels that check every piece's sums against expected ([n, 2, L, 2])
-        before writing it; the ReadCheck of the sums they read."""
+        """Each source decoded by kernels that check every piece's sums against the recorded ones
+        (source.expected; expected: all of them, [n, 2, L, 2] in item order) before writing it; the ReadCheck
+        of the sums they read."""
         got = torch.empty_like(expected)
         for source in sources:
             ids = [items[j].block_id for j in source.positions]
             whole = len(source.positions) == len(items)
             at = None if whole else torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
-            want = expected if whole else expected.index_select(0, at)
+            want = expected if whole else source.expected
             read = got if whole else torch.empty_like(want)
             decode_blocks(
                 self.codec, source.blocks, self.k_views, self.v_views, ids, source.ids, verify=(want, read)

@@ -88,7 +88,8 @@ def test_checksums_follow_blocks_through_spill_and_warm(layout):
 def test_refusals_before_read_are_each_items_refusal_and_expected_sums_follow_the_items():
     """The batch check gives refusal(item) for every item of a mixed batch (held, wrong hash, wrong codec,
     cleared, out of range, refused by the manager, both tiers interleaved); expected_sums of a one-tier and
-    of a two-tier batch are the recorded sums in item order."""
+    of a two-tier batch are the recorded sums in item order, looked up per item or taken from what read
+    gave (each source's own sums, in its positions' order)."""
     layout = LAYOUTS[0]
     worker, _ = stored(layout)
     worker.tags.set(VRAM, [3], [name(3)], "other codec")
@@ -108,8 +109,15 @@ def test_refusals_before_read_are_each_items_refusal_and_expected_sums_follow_th
     mixed = loads((DRAM, 5), (VRAM, 0), (DRAM, 7), (VRAM, 2))
     table = worker.checksums
     want = torch.cat([table.get(tier, [slot]) for tier, slot in ((DRAM, 5), (VRAM, 0), (DRAM, 7), (VRAM, 2))])
-    assert torch.equal(worker.expected_sums(mixed), want)
-    assert torch.equal(worker.expected_sums(mixed[1::2]), want[1::2])  # one tier
+    for batch, sums in ((mixed, want), (mixed[1::2], want[1::2]), (mixed[::2], want[::2])):  # two, one tier
+        sources = worker.read(batch)
+        assert torch.equal(worker.expected_sums(batch), sums)
+        assert torch.equal(worker.expected_sums(batch, sources), sums)
+        for source in sources:
+            assert torch.equal(source.expected, sums[source.positions])
+    unchecked, _ = stored(layout, checksums=False)
+    assert all(source.expected is None for source in unchecked.read(mixed))
+    assert unchecked.expected_sums(mixed, unchecked.read(mixed)) is None
 
 
 def test_the_sums_recorded_are_those_of_the_stored_bytes():

@@ -14,7 +14,8 @@ Provides:
     SlotChecksums(capacities, device, num_layers)   {tier: slots}; one [slots, 2, L, 2] int64 table per tier
                                              on `device`
         record(tier, slots, sums)            these slots now hold bytes with these checksums
-        get(tier, slots) -> [n, 2, L, 2]     the sums recorded for these slots
+        get(tier, slots) -> [n, 2, L, 2]     the sums recorded for these slots (a list, or an index on the
+                                             device)
         move(src_tier, src_slots, dst_tier, dst_slots)   a transfer copies its blocks' checksums
         expected(places) -> [n, 2, L, 2]     the sums recorded for blocks read from places[i] = (tier,
                                              slot), on the device (no host synchronisation)
@@ -71,8 +72,9 @@ class SlotChecksums:
     def record(self, tier: str, slots: Sequence[int], sums: torch.Tensor) -> None:
         self._sums[tier].index_copy_(0, self._index(slots), sums.to(self.device))
 
-    def get(self, tier: str, slots: Sequence[int]) -> torch.Tensor:
-        """[n, 2, L, 2] int64 on the device: the sums recorded for these slots."""
+    def get(self, tier: str, slots: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """[n, 2, L, 2] int64 on the device: the sums recorded for these slots (a list, or an int64 index
+        already on the device, as a pool's slot_index gives)."""
         return self._sums[tier].index_select(0, self._index(slots))
 
     def move(self, src_tier: str, src_slots: Sequence[int], dst_tier: str, dst_slots: Sequence[int]) -> None:
@@ -94,7 +96,9 @@ class SlotChecksums:
             expected.index_copy_(0, self._index(at), slots)
         return expected
 
-    def _index(self, slots: Sequence[int]) -> torch.Tensor:
+    def _index(self, slots: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(slots, torch.Tensor) and slots.device == self.device:
+            return slots
         idx = torch.as_tensor(slots, dtype=torch.int64)
         if self.device.type == "cuda":
             idx = idx.pin_memory().to(self.device, non_blocking=True)

@@ -16,10 +16,13 @@ Provides:
                                        does not hold that block); None: load it
         refusals_before_read(items) -> list[str | None]   refusal of each, in one pass over the batch
         read(items) -> list[BlockSource]   where the LoadItems' blocks are readable on the device: VRAM
-                                       slots in place, DRAM blocks staged (DMA); no other copy
-        expected_sums(items) -> [n, 2, L, 2] | None   the piece sums recorded for the LoadItems' slots, on
-                                       the device (None: checksums off) — what a decode that verifies
-                                       (tq_dequantize_layers's verify) compares with
+                                       slots in place, DRAM blocks staged (DMA); no other copy; with the
+                                       sums recorded for them (BlockSource.expected)
+        expected_sums(items, sources=None) -> [n, 2, L, 2] | None   the piece sums recorded for the
+                                       LoadItems' slots, on the device (None: checksums off) — what a
+                                       decode that verifies (tq_dequantize_layers's verify) compares with;
+                                       from the sources' own (read(items)) when given, without a second
+                                       slot index
         verdict(expected, got) -> ReadCheck   the comparison of the sums a decode read (got) with them,
                                        queued on the device (ReadCheck.ok: [n] bool, per item), its flags on
                                        their way to pinned host memory. The host does not wait.
@@ -83,6 +86,8 @@ class BlockSource:
     positions: list[int]  # indices into the LoadItems
     blocks: KVBlocks  # [L, NB, …] sections: the VRAM pool's own tensors, or DRAM blocks staged on the device
     ids: torch.Tensor  # [n] int64, on the blocks' device
+    expected: torch.Tensor | None = None  # [n, 2, L, 2] int64 on the device: the piece sums recorded when
+    # these blocks were stored (read fills it; None: checksums off, or a source read() did not make)
 
 
 class TierWorker:
@@ -187,19 +192,34 @@ class TierWorker:
 
     def read(self, items: Sequence[LoadItem]) -> list[BlockSource]:
         sources = []
+        sums = self.checksums
         for tier, positions in _by_tier(items).items():
             slots = [items[i].slot for i in positions]
             if tier == VRAM:
-                sources.append(BlockSource(positions, self.vram.sections(), self.vram.slot_index(slots)))
+                idx = self.vram.slot_index(slots)
+                expected = sums.get(VRAM, idx) if sums is not None else None  # idx: on the device already
+                sources.append(BlockSource(positions, self.vram.sections(), idx, expected))
             else:
                 staged, rows = self.engine.stage_dram(slots)
-                sources.append(BlockSource(positions, staged, rows))
+                expected = sums.get(DRAM, slots) if sums is not None else None
+                sources.append(BlockSource(positions, staged, rows, expected))
         return sources
 
-    def expected_sums(self, items: Sequence[LoadItem]) -> torch.Tensor | None:
+    def expected_sums(
+        self, items: Sequence[LoadItem], sources: Sequence[BlockSource] | None = None
+    ) -> torch.Tensor | None:
         if self.checksums is None or not items:
             return None
-        return self.checksums.expected([(item.tier, item.slot) for item in items])
+        if not sources or any(source.expected is None for source in sources):
+            return self.checksums.expected([(item.tier, item.slot) for item in items])
+        if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
+            return sources[0].expected
+        first = sources[0].expected
+        expected = torch.empty(len(items), *first.shape[1:], dtype=first.dtype, device=first.device)
+        for source in sources:
+            at = torch.as_tensor(source.positions, dtype=torch.int64, device=first.device)
+            expected.index_copy_(0, at, source.expected)
+        return expected
 
     def verdict(self, expected: torch.Tensor, got: torch.Tensor) -> ReadCheck:
         """expected, got: [n, 2, L, 2] int64 on the device (got filled by work queued before this call)."""
@@ -215,7 +235,7 @@ class TierWorker:
     def check_read(self, items: Sequence[LoadItem], sources: Sequence[BlockSource]) -> ReadCheck | None:
         """sources: what read(items) returned. Nothing waits: a decode that reads ok skips the refused
         blocks before the host knows of them."""
-        expected = self.expected_sums(items)
+        expected = self.expected_sums(items, sources)
         if expected is None:
             return None
         if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
