@@ -67,6 +67,22 @@ def test_kernel_equals_reference_and_definition(layout):
     assert as_unsigned(got) == [definition(groups, b) for b in range(5)]
 
 
+@pytest.mark.parametrize("shape", ["one section", "three sections", "words and bytes"])
+def test_groups_of_every_shape_equal_the_definition(shape):
+    """Groups of one section, of three, and a group whose section is odd bytes beside one of whole words:
+    the definition's sums, listed blocks included."""
+    sections = blocks_of((2, 3, 3, 32, 30), 4, seed=11)  # v_packed: 3 · 3 · 30 bytes, not whole words
+    groups = {
+        "one section": [[sections[0]], [sections[2]]],
+        "three sections": [[sections[0], sections[2], sections[3]], [sections[2]]],
+        "words and bytes": [[sections[0], sections[2]], [sections[1], sections[3]]],
+    }[shape]
+    got = piece_checksums(groups)
+    assert as_unsigned(got) == [definition(groups, b) for b in range(4)]
+    listed = torch.tensor([3, 1, 1])
+    assert torch.equal(piece_checksums(groups, listed), got[listed])
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_host_path_equals_reference(layout):
     """The CPU path (two reductions per section) gives the reference's bits: all blocks, listed blocks."""
