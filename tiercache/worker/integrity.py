@@ -97,8 +97,8 @@ class SlotChecksums:
         return expected
 
     def _index(self, slots: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        if isinstance(slots, torch.Tensor) and slots.device == self.device:
-            return slots
+        if isinstance(slots, torch.Tensor):  # a pool's slot index: on the device already (then no copy)
+            return slots.to(self.device, torch.int64, non_blocking=True)
         idx = torch.as_tensor(slots, dtype=torch.int64)
         if self.device.type == "cuda":
             idx = idx.pin_memory().to(self.device, non_blocking=True)
