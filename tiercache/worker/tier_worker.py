@@ -212,14 +212,7 @@ class TierWorker:
             return None
         if not sources or any(source.expected is None for source in sources):
             return self.checksums.expected([(item.tier, item.slot) for item in items])
-        if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
-            return sources[0].expected
-        first = sources[0].expected
-        expected = torch.empty(len(items), *first.shape[1:], dtype=first.dtype, device=first.device)
-        for source in sources:
-            at = torch.as_tensor(source.positions, dtype=torch.int64, device=first.device)
-            expected.index_copy_(0, at, source.expected)
-        return expected
+        return _in_item_order(len(items), sources, [source.expected for source in sources])
 
     def verdict(self, expected: torch.Tensor, got: torch.Tensor) -> ReadCheck:
         """expected, got: [n, 2, L, 2] int64 on the device (got filled by work queued before this call)."""
@@ -238,14 +231,8 @@ class TierWorker:
         expected = self.expected_sums(items, sources)
         if expected is None:
             return None
-        if len(sources) == 1 and len(sources[0].positions) == len(items):  # in item order
-            got = checksums_of(sources[0].blocks, sources[0].ids).to(expected.device)
-        else:
-            got = torch.empty_like(expected)
-            for source in sources:
-                at = torch.as_tensor(source.positions, dtype=torch.int64, device=got.device)
-                got.index_copy_(0, at, checksums_of(source.blocks, source.ids).to(got.device))
-        return self.verdict(expected, got)
+        got = _in_item_order(len(items), sources, [checksums_of(s.blocks, s.ids) for s in sources])
+        return self.verdict(expected, got.to(expected.device))
 
     def refusals(self, items: Sequence[LoadItem], check: ReadCheck | None) -> list[str | None]:
         """A block whose bytes no longer have the checksum recorded when they were stored gets a reason, and
@@ -374,6 +361,19 @@ def _by_tier(items: Sequence[StoreItem | LoadItem]) -> dict[str, list[int]]:
     for i, tier in enumerate(tiers):
         groups.setdefault(tier, []).append(i)
     return groups
+
+
+def _in_item_order(count: int, sources: Sequence[BlockSource], parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """parts[k]: [len(sources[k].positions), …], source k's rows in its positions' order → [count, …] in
+    item order, on parts[0]'s device (parts[0] itself when that one source holds every item)."""
+    if len(sources) == 1 and len(sources[0].positions) == count:  # _by_tier keeps the order: 0 … count − 1
+        return parts[0]
+    first = parts[0]
+    out = torch.empty(count, *first.shape[1:], dtype=first.dtype, device=first.device)
+    for source, part in zip(sources, parts, strict=True):
+        at = torch.as_tensor(source.positions, dtype=torch.int64, device=out.device)
+        out.index_copy_(0, at, part.to(out.device))
+    return out
 
 
 def _mismatch(expected: torch.Tensor, got: torch.Tensor) -> str:
