@@ -30,7 +30,7 @@ if __name__ == "__main__":
     cache = cache_args(codec, hf.num_hidden_layers, hf.head_dim, torch.float32 if dtype else torch.bfloat16)
     llm = LLM(model=model, max_model_len=2048, attention_config={"backend": "CUSTOM"}, **cache, **dtype)
     params = SamplingParams(temperature=0, max_tokens=24)
-    for question in ("What is the capital of France?", "Name three primary colours."):
+    for question in ("What is the capital of France? Answer in one sentence.", "Name three primary colours."):
         out = llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)[0]
         print(f"{question} → {out.outputs[0].text.strip()!r}")
     (group,) = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups

@@ -12,8 +12,8 @@ slot:
 Per item: rotate (16-bit inputs: tensor-core
 products against the rotation split in 16-bit terms of the input's type, three for bfloat16 and two for
 float16, so the products are f32-accurate; f32: IEEE dot), the norm from the rotated rows, the nearest
-centroid of each coordinate, pack, store to the token's slot. The input rows only pass through registers
-on their way to shared memory.
+centroid of each coordinate, pack, store to the token's slot with the unbiased scale γ/⟨u, ŷ⟩ (codec.py).
+The input rows only pass through registers on their way to shared memory.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_common import dot16, nearest_centroid, pack_field_major
+from ._triton_common import centroid_at, dot16, nearest_centroid, pack_field_major
 
 
 @triton.jit
@@ -32,6 +32,7 @@ def _encode_heads(
     n_ptr, sn_l, sn_b, sn_o, sn_h,  # norms [L, NB, BS, H] f32
     rot_ptr,  # rotation pieces [NPIECE, D, D] (16-bit: the input's dtype; f32: one piece)
     grid_ptr, grid_scale, grid_origin, grid_last,  # the codec's nearest-centroid search (_tables.search_line)
+    cb_ptr,  # codebook [2**BITS] f32
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     BITS: tl.constexpr, PG: tl.constexpr, BPG: tl.constexpr, NG: tl.constexpr, UPCAST: tl.constexpr,
     GATHER: tl.constexpr, LAYERED: tl.constexpr, ALIGN: tl.constexpr,
@@ -75,11 +76,14 @@ def _encode_heads(
         to_line = tl.where(finite, grid_scale / safe_norm, 0.0)
         pos = tl.where(finite[:, None], y * to_line[:, None] + grid_origin, grid_origin)
         idx = nearest_centroid(pos, grid_ptr, grid_last, not UPCAST)
+        u = tl.where(finite[:, None], y / safe_norm[:, None], 0.0)
+        dot = tl.sum(u * centroid_at(idx, cb_ptr, not UPCAST), axis=1)  # ⟨u, ŷ⟩: > 0 unless u = 0
+        scale = tl.where(norm > 0, norm / tl.maximum(dot, 1.1754943508222875e-38), norm)
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
         rows = p_ptr + layer * sp_l + block * sp_b + offset * sp_o + h * sp_h
         pack_field_major(idx, rows, valid, sp_p, BITS, PG, BPG, NG)
-        tl.store(n_ptr + layer * sn_l + block * sn_b + offset * sn_o + h * sn_h, norm, mask=valid)
+        tl.store(n_ptr + layer * sn_l + block * sn_b + offset * sn_o + h * sn_h, scale, mask=valid)
 
 
 @triton.jit
@@ -118,8 +122,8 @@ def _encode_store_kernel(
     src_ptr, slot_ptr, T, H, L,
     kp_ptr, skp_l, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_l, skn_b, skn_o, skn_h,
     vp_ptr, svp_l, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_l, svn_b, svn_o, svn_h,
-    krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
-    vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last,
+    krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last, kcb_ptr,
+    vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last, vcb_ptr,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, NPIECE: tl.constexpr,
     K_BITS: tl.constexpr, K_PG: tl.constexpr, K_BPG: tl.constexpr, K_NG: tl.constexpr,
     V_BITS: tl.constexpr, V_PG: tl.constexpr, V_BPG: tl.constexpr, V_NG: tl.constexpr,
@@ -130,13 +134,13 @@ def _encode_store_kernel(
         _encode_heads(
             k_ptr, koff_ptr, skb, skt, skh, skd, src_ptr, slot_ptr, T, H, L,
             kp_ptr, skp_l, skp_b, skp_o, skp_h, skp_p, kn_ptr, skn_l, skn_b, skn_o, skn_h,
-            krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last,
+            krot_ptr, kgrid_ptr, kgrid_scale, kgrid_origin, kgrid_last, kcb_ptr,
             BLOCK_SIZE, D, BT, NPIECE, K_BITS, K_PG, K_BPG, K_NG, UPCAST, GATHER, LAYERED, K_ALIGN,
         )  # fmt: skip
     else:
         _encode_heads(
             v_ptr, voff_ptr, svb, svt, svh, svd, src_ptr, slot_ptr, T, H, L,
             vp_ptr, svp_l, svp_b, svp_o, svp_h, svp_p, vn_ptr, svn_l, svn_b, svn_o, svn_h,
-            vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last,
+            vrot_ptr, vgrid_ptr, vgrid_scale, vgrid_origin, vgrid_last, vcb_ptr,
             BLOCK_SIZE, D, BT, NPIECE, V_BITS, V_PG, V_BPG, V_NG, UPCAST, GATHER, LAYERED, V_ALIGN,
         )  # fmt: skip

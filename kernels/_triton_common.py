@@ -4,10 +4,12 @@ Provides:
     unpack_field_major (jit)           packed rows → indices [R, D] in field-major order
     pack_field_major (jit)             field-major indices [R, D] → packed bytes, stored to rows
     nearest_centroid (jit)             fixed-point uniform-cell search: the nearest centroid of each value
+    centroid_at (jit)                  codebook[idx] (f32), in idx's own layout under ASM
     pdl_wait, pdl_launch_dependents (jit)   programmatic dependent launch hooks (no-ops unless PDL)
 
 Field-major order (see _tables.py): position p = k·NG + g holds index j = g·PG + k, where a packed vector
-is NG groups of PG indices in BPG bytes (bits 2 → PG 4, BPG 1; 3 → 8, 3; 4 → 2, 1; 8 → 1, 1).
+is NG groups of PG indices in BPG bytes (bits 1 → PG 8, BPG 1; 2 → 4, 1; 3 → 8, 3; 4 → 2, 1; 5 → 8, 5;
+6 → 4, 3; 7 → 8, 7; 8 → 1, 1). A group's bytes form one word: int32 up to 4 bytes, int64 for 5 and 7.
 """
 
 from __future__ import annotations
@@ -53,22 +55,25 @@ def unpack_field_major(
 
 @triton.jit
 def load_packed_words(row_ptrs, row_mask, byte_stride, BPG: tl.constexpr, NG: tl.constexpr):
-    """The NG groups of each packed row as int32 words [R, NG] (BPG little-endian bytes each)."""
+    """The NG groups of each packed row as words [R, NG] (BPG little-endian bytes each; int32, or int64 for
+    more than 4 bytes)."""
     g = tl.arange(0, NG)
     ptrs = row_ptrs[:, None] + (g * BPG)[None, :] * byte_stride
     word = tl.load(ptrs, mask=row_mask[:, None], other=0).to(tl.int32)
+    if BPG > 4:
+        word = word.to(tl.int64)
     for m in tl.static_range(1, BPG):
-        byte = tl.load(ptrs + m * byte_stride, mask=row_mask[:, None], other=0).to(tl.int32)
+        byte = tl.load(ptrs + m * byte_stride, mask=row_mask[:, None], other=0).to(word.dtype)
         word = word | (byte << (8 * m))
     return word
 
 
 @triton.jit
 def words_to_field_major(word, BITS: tl.constexpr, PG: tl.constexpr, NG: tl.constexpr):
-    """Group words [R, NG] → indices [R, PG·NG] in field-major order."""
-    shifts = tl.arange(0, PG) * BITS
+    """Group words [R, NG] → indices [R, PG·NG] (int32) in field-major order."""
+    shifts = (tl.arange(0, PG) * BITS).to(word.dtype)
     idx = (word[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)  # [R, PG, NG]
-    return tl.reshape(idx, [word.shape[0], PG * NG])
+    return tl.reshape(idx.to(tl.int32), [word.shape[0], PG * NG])
 
 
 @triton.jit
@@ -83,7 +88,9 @@ def pack_field_major(
     NG: tl.constexpr,
 ):
     fields = tl.reshape(idx, [row_ptrs.shape[0], PG, NG])
-    shifts = tl.arange(0, PG) * BITS
+    if BPG > 4:
+        fields = fields.to(tl.int64)
+    shifts = (tl.arange(0, PG) * BITS).to(fields.dtype)
     word = tl.sum(fields << shifts[None, :, None], axis=1)  # disjoint bit ranges: sum == or
     g = tl.arange(0, NG)
     ptrs = row_ptrs[:, None] + (g * BPG)[None, :] * byte_stride
@@ -125,6 +132,22 @@ def nearest_centroid(pos, words_ptr, last, ASM: tl.constexpr):
         return (word + (at & _FRAC_MASK)) >> _FRAC
 
 
+_CENTROID_ASM = tl.constexpr("{ .reg .u64 p; mad.wide.u32 p, $1, 4, $2; ld.global.nc.f32 $0, [p]; }")
+
+
+@triton.jit
+def centroid_at(idx, cb_ptr, ASM: tl.constexpr):
+    """codebook[idx] as float32 (idx int32 in [0, 2**bits)); ASM: in inline PTX, keeping idx's layout (as
+    nearest_centroid does for its search), else a tl.load gather (the interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            _CENTROID_ASM, "=f,r,l", [idx, cb_ptr.to(tl.int64, bitcast=True)], dtype=tl.float32,
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        return tl.load(cb_ptr + idx)
+
+
 @triton.jit
 def dot16(a, b, acc, UPCAST: tl.constexpr):
     """acc + a @ b for 16-bit operands with f32 accumulation.
@@ -136,70 +159,3 @@ def dot16(a, b, acc, UPCAST: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
-
-
-@triton.jit
-def interleave2(a, b):
-    """[R, N] × 2 → [R, 2N] with out[:, 2n + k] = (a, b)[k][:, n]."""
-    return tl.reshape(tl.join(a, b), [a.shape[0], 2 * a.shape[1]])
-
-
-@triton.jit
-def interleave4(v0, v1, v2, v3):
-    """[R, N] × 4 → [R, 4N] with out[:, 4n + k] = v_k[:, n]."""
-    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), [v0.shape[0], 4 * v0.shape[1]])
-
-
-@triton.jit
-def interleave8(v0, v1, v2, v3, v4, v5, v6, v7):
-    """[R, N] × 8 → [R, 8N] with out[:, 8n + k] = v_k[:, n]."""
-    x = tl.join(tl.join(v0, v4), tl.join(v2, v6))
-    y = tl.join(tl.join(v1, v5), tl.join(v3, v7))
-    return tl.reshape(tl.join(x, y), [v0.shape[0], 8 * v0.shape[1]])
-
-
-@triton.jit
-def _centroid(word, k: tl.constexpr, cb_ptr, BITS: tl.constexpr):
-    return tl.load(cb_ptr + ((word >> (k * BITS)) & ((1 << BITS) - 1)))
-
-
-@triton.jit
-def _bf16_field(w, k: tl.constexpr):
-    """16-bit field k of a packed LUT entry, as bfloat16."""
-    return ((w >> (16 * k)) & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def dequant_natural(word, tab_ptr, BITS: tl.constexpr, PG: tl.constexpr, LUT: tl.constexpr):
-    """Group words [R, NG] → centroids [R, PG·NG] in natural index order (rotated domain).
-
-    LUT (widths 2, 4, 8 with a bf16 operand): one lookup per byte in a 256-entry table whose entry packs
-    the byte's PG bf16 centroids. Otherwise one codebook lookup per index (tab_ptr: the codebook).
-    """
-    if LUT:
-        if PG == 1:
-            out = tl.load(tab_ptr + word)
-        elif PG == 2:
-            w = tl.load(tab_ptr + word)
-            out = interleave2(_bf16_field(w, 0), _bf16_field(w, 1))
-        else:
-            w = tl.load(tab_ptr + word)
-            out = interleave4(_bf16_field(w, 0), _bf16_field(w, 1), _bf16_field(w, 2), _bf16_field(w, 3))
-    else:
-        if PG == 1:
-            out = _centroid(word, 0, tab_ptr, BITS)
-        elif PG == 2:
-            out = interleave2(_centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS))
-        elif PG == 4:
-            out = interleave4(
-                _centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS),
-                _centroid(word, 2, tab_ptr, BITS), _centroid(word, 3, tab_ptr, BITS),
-            )  # fmt: skip
-        else:
-            out = interleave8(
-                _centroid(word, 0, tab_ptr, BITS), _centroid(word, 1, tab_ptr, BITS),
-                _centroid(word, 2, tab_ptr, BITS), _centroid(word, 3, tab_ptr, BITS),
-                _centroid(word, 4, tab_ptr, BITS), _centroid(word, 5, tab_ptr, BITS),
-                _centroid(word, 6, tab_ptr, BITS), _centroid(word, 7, tab_ptr, BITS),
-            )  # fmt: skip
-    return out

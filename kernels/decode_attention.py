@@ -51,7 +51,6 @@ from .launch_config import DecodeLaunchConfig, resolve_config
 from .reference import decode_attention_reference
 
 if HAVE_TRITON:
-    from ._decode_kernel import _decode_split_kernel
     from ._decode_perfield_kernel import _decode_perfield_kernel
 
 
@@ -159,55 +158,23 @@ def tq_decode_attention(
             note_lut_compile_failure(query.device, config, err)
     splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device, config=config)
     check_capacity(workspace, splits)
-    tile = config.tile
-    tiles = -(-max_tokens // tile)
-    split_tokens = tile * -(-tiles // splits)
+    tiles = -(-max_tokens // config.tile)
+    split_tokens = config.tile * -(-tiles // splits)
     kt, vt = kernel_tables(k_codec, query.device), kernel_tables(v_codec, query.device)
     ieee = query.dtype == torch.float32
-    k_lut, v_lut = not ieee and kt.bytes_per_group == 1, not ieee and vt.bytes_per_group == 1
-    ktab = kt.codebook if ieee else kt.byte_lut_bf16 if k_lut else kt.codebook_bf16
-    vtab = vt.codebook if ieee else vt.byte_lut_bf16 if v_lut else vt.codebook_bf16
-    gp = max(16, next_pow2(group))
     q = query if query.stride(-1) == 1 else query.contiguous()
     q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
-    layout = config.layout
-    if layout == "perfield" and kt.bits in (2, 4, 8) and vt.bits in (2, 4, 8):
-        _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-                         kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp,
-                         ieee, config)  # fmt: skip
-        return merge(workspace, splits, vt.rot_perm, out, config)
-    if layout == "perfield":  # 3-bit K or V
-        layout = "reshape"
-    # "reshape": field-major tiles; "natural": natural order + byte LUTs
-    fields = layout == "reshape"
-    if fields:
-        k_lut = v_lut = False
-        ktab, vtab = (kt.codebook, vt.codebook) if ieee else (kt.codebook_bf16, vt.codebook_bf16)
-    rot_q = kt.rot_t_perm if fields else kt.rot_t
-    rotate_in_split = config.rotate_in_split
-    if not rotate_in_split:
-        rotate_queries(q, rot_q, q_rot, scale)
-    LAST_COMPILED["split"] = _decode_split_kernel[(batch * num_kv_heads, splits)](
-        q_rot, q, q.stride(0), q.stride(1), rot_q, scale * LOG2E,
-        k_packed, *k_packed.stride(), k_norms, *k_norms.stride(),
-        v_packed, *v_packed.stride(), v_norms, *v_norms.stride(),
-        ktab, vtab, block_tables, *block_tables.stride(), context_lens,
-        workspace.partial_out, workspace.partial_lse,
-        num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
-        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=tile, IEEE=ieee, UPCAST=interpreting(),
-        PREFETCH=config.prefetch, FIELD_MAJOR=fields, ROTATE_Q=rotate_in_split,
-        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups, K_LUT=k_lut,
-        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups, V_LUT=v_lut,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return merge(workspace, splits, vt.rot_perm if fields else vt.rot, out, config)
+    _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
+                     kt, vt, workspace, scale, splits, split_tokens, block_size, group,
+                     max(16, next_pow2(group)), ieee, config)  # fmt: skip
+    return merge(workspace, splits, vt.rot_perm, out, config)
 
 
 def _launch_perfield(
     q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
     kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp, ieee, config,
 ) -> None:  # fmt: skip
-    """The split kernel with one dot per packed field (2/4/8-bit K and V); partials in field-major order."""
+    """The split kernel with one dot per packed field (every width); partials in field-major order."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_packed.shape[2]
     k_lut, v_lut = _lut_mode(kt, ieee, True, config.lut), _lut_mode(vt, ieee, False, config.lut)
@@ -227,8 +194,10 @@ def _launch_perfield(
         num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
         BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=config.tile, IEEE=ieee, UPCAST=interpreting(),
         ROTATE_Q=rotate_in_split,
-        K_BITS=kt.bits, K_PG=kt.per_group, K_NG=kt.num_groups, K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
-        V_BITS=vt.bits, V_PG=vt.per_group, V_NG=vt.num_groups, V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
+        K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
+        K_NGP=max(16, next_pow2(kt.num_groups)), K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
+        V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
+        V_NGP=max(16, next_pow2(vt.num_groups)), V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
         PDL=pdl, k_step=kt.uniform_step or 1.0,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.maxnreg,
         **({"launch_pdl": True} if pdl else {}),

@@ -4,6 +4,7 @@ DecodeLaunchConfig, passed to every function here.
 
 Provides:
     lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config) -> key mode or 0
+    LUT_WIDTHS, lut_serves(k_bits, v_bits, head_dim) -> bool   the widths the Gluon kernel is built for
     lut_partials(batch, num_kv_heads, max_tokens, device, config) -> partials per query head it needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
     lut_compile_failed(device, config), note_lut_compile_failure(device, config, err)   the memo below
@@ -41,6 +42,15 @@ if HAVE_TRITON:
         pass
 
 
+LUT_WIDTHS = ((4, 4), (8, 4))  # (key bits, value bits) at head_dim 128
+
+
+def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
+    """Whether the Gluon kernel is built for these widths and head_dim (other widths decode on the Triton
+    kernel, several times slower per byte on an H200: benchmarks/decode_attention.py --widths)."""
+    return (k_bits, v_bits) in LUT_WIDTHS and head_dim == 128
+
+
 def lut_mode_of(
     query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int, config: DecodeLaunchConfig
 ) -> int:
@@ -49,9 +59,9 @@ def lut_mode_of(
     power-of-two block size, and packed caches it can copy in 16-byte (keys) and 8-byte (values) pieces."""
     if not (config.lut_kernel and HAVE_GLUON and query.is_cuda and not interpreting()):
         return 0
-    if query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] != 128 or group > 8:
+    if query.dtype not in (torch.float16, torch.bfloat16) or group > 8 or block_size & (block_size - 1):
         return 0
-    if v_codec.bits != 4 or k_codec.bits not in (4, 8) or block_size & (block_size - 1):
+    if not lut_serves(k_codec.bits, v_codec.bits, query.shape[-1]):
         return 0
     if _capability(cuda_index(query.device)) < (8, 0):
         return 0

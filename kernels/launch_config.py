@@ -30,14 +30,11 @@ class DecodeLaunchConfig:
     (decode_lut.py); the others the Triton split kernels, their split planning and the merge
     (decode_attention.py, _decode_launch.py)."""
 
-    layout: str = "perfield"
-    """Triton split kernel: "perfield" (one 2-D dot per field; 2/4/8-bit K and V, else "reshape"),
-    "reshape" (field-major tiles) or "natural" (natural order, byte LUTs)."""
     lut: str = "prmt"
     """perfield kernel's lookups with 16-bit operands: "prmt" (4-bit centroids by register permutes; byte
     LUTs for 2-bit and under the interpreter), "gather" (byte LUTs for 2/4-bit), "none" (codebook lookups)."""
     tile: int = 64
-    """Tokens per tile of the Triton split kernels (a power of two ≥ 16)."""
+    """Tokens per tile of the Triton split kernel (a power of two ≥ 16)."""
     programs_per_sm: int = 5
     """Triton split programs resident per SM, for split planning (96 registers × 128 threads: 5 fit)."""
     min_wave_fill: float = 1.0
@@ -49,13 +46,10 @@ class DecodeLaunchConfig:
     num_warps: int = 4
     """Warps per Triton split program."""
     num_stages: int = 1
-    """Software-pipelining stages of the Triton split kernels."""
-    prefetch: bool = False
-    """reshape/natural layouts: the next tile's bytes load during this one (the perfield kernel has no such
-    path)."""
+    """Software-pipelining stages of the Triton split kernel."""
     rotate_in_split: bool = False
-    """Each split rotates its queries (one launch fewer; perfield: 16-bit queries only), instead of a
-    separate rotation launch."""
+    """Each split rotates its queries (one launch fewer; 16-bit queries only), instead of a separate
+    rotation launch."""
     maxnreg: int | None = 96
     """perfield kernel: register cap per thread (more programs per SM); None: the compiler's choice."""
     pdl: bool = True
@@ -90,7 +84,6 @@ class DecodeLaunchConfig:
     """Gluon kernel: programs per SM; None: as many as fit (decode_lut.lut_programs_per_sm)."""
 
     def __post_init__(self) -> None:
-        _one_of(self, "layout", ("perfield", "reshape", "natural"))
         _one_of(self, "lut", ("prmt", "gather", "none"))
         _power_of_two(self, "tile", 16)
         _integer(self, "programs_per_sm", 1)
@@ -98,7 +91,7 @@ class DecodeLaunchConfig:
         _number(self, "split_overhead_tiles", 0.0)
         _power_of_two(self, "num_warps", 1, 32)
         _integer(self, "num_stages", 1)
-        for flag in ("prefetch", "rotate_in_split", "pdl", "lut_kernel", "lut_tma"):
+        for flag in ("rotate_in_split", "pdl", "lut_kernel", "lut_tma"):
             _one_of(self, flag, (False, True))
         _integer(self, "maxnreg", 16, 255, optional=True)
         _one_of(self, "merge_preload", (None, False, True))

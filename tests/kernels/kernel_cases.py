@@ -7,9 +7,11 @@ import functools
 import torch
 
 from tiercache.kernels import TurboQuantCodec
+from tiercache.kernels.packing import unpack_indices
 
-# Every bit width appears for K and for V; K4V4 and K8V4 are the tuned presets.
-BIT_PAIRS = [(4, 4), (8, 4), (2, 3), (3, 2), (4, 8)]
+# Every bit width 1–8 appears for K and for V; K4V4 and K8V4 (the Gluon kernel's), K5V3 and K6V4 (presets)
+# first.
+BIT_PAIRS = [(4, 4), (8, 4), (5, 3), (6, 4), (2, 3), (3, 2), (4, 8), (7, 1), (1, 7), (3, 6), (6, 5)]
 POISON_BYTE = 0xA5
 POISON_FLOAT = float("nan")
 
@@ -58,3 +60,17 @@ def near_boundary(x: torch.Tensor, c: TurboQuantCodec) -> torch.Tensor:
     u = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(1e-300)
     y = u @ c.rotation.to(x.device, torch.float64).t()
     return (y.unsqueeze(-1) - c.boundaries.to(x.device, torch.float64)).abs().min(-1).values < 1e-6
+
+
+def scales_of(x: torch.Tensor, packed: torch.Tensor, c: TurboQuantCodec) -> torch.Tensor:
+    """The unbiased scale γ/⟨u, ŷ⟩ (float64) of rows x [N, D] whose indices are `packed` [N, P], whichever
+    encoder chose them (an index may differ between encoders within rounding of a boundary, and the scale
+    follows it): the value a kernel's stored norm must be within float32 rounding of."""
+    x64 = x.double()
+    gamma = x64.norm(dim=-1)
+    u = x64 / gamma.clamp_min(1e-300).unsqueeze(-1)
+    y = u @ c.rotation.to(x.device, torch.float64).t()
+    centroids = c.codebook.to(x.device, torch.float64)[unpack_indices(packed, c.bits, c.head_dim)]
+    scale = gamma / (y * centroids).sum(-1)
+    gamma32 = x.float().norm(dim=-1).double()  # where float32's norm under- or overflows: scale 0 or inf
+    return torch.where((gamma32 == 0) | gamma32.isinf(), gamma32, scale)

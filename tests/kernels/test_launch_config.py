@@ -21,7 +21,6 @@ from tiercache.kernels.decode_attention import plan_num_splits
 
 # (type, field, bad value, the valid values as the error states them)
 BAD = [
-    (DecodeLaunchConfig, "layout", "fields", "one of 'perfield', 'reshape', 'natural'"),
     (DecodeLaunchConfig, "lut", "byte", "one of 'prmt', 'gather', 'none'"),
     (DecodeLaunchConfig, "tile", 48, "a power of two ≥ 16"),
     (DecodeLaunchConfig, "tile", 8, "a power of two ≥ 16"),
@@ -30,7 +29,7 @@ BAD = [
     (DecodeLaunchConfig, "split_overhead_tiles", -1.0, "a number ≥ 0.0"),
     (DecodeLaunchConfig, "num_warps", 3, "a power of two from 1 to 32"),
     (DecodeLaunchConfig, "num_stages", 0, "an integer ≥ 1"),
-    (DecodeLaunchConfig, "prefetch", 1, "one of False, True"),
+    (DecodeLaunchConfig, "rotate_in_split", 1, "one of False, True"),
     (DecodeLaunchConfig, "pdl", "yes", "one of False, True"),
     (DecodeLaunchConfig, "maxnreg", 300, "None or an integer from 16 to 255"),
     (DecodeLaunchConfig, "merge_preload", 0, "one of None, False, True"),
@@ -59,9 +58,9 @@ BAD = [
 ]
 GOOD = [
     (DecodeLaunchConfig, {"lut_warps": 2, "lut_tile": 64, "lut_maxnreg": None, "lut_pdl_max_steps": None}),
-    (DecodeLaunchConfig, {"layout": "natural", "lut": "none", "tile": 16, "merge_preload": True}),
+    (DecodeLaunchConfig, {"lut": "none", "tile": 16, "merge_preload": True}),
     (DecodeLaunchConfig, {"min_wave_fill": 1, "lut_min_wave_fill": 0, "lut_combine_max_steps": 1 << 30}),
-    (DecodeLaunchConfig, {"lut_programs_per_sm": 1, "maxnreg": 255, "num_warps": 8, "prefetch": True}),
+    (DecodeLaunchConfig, {"lut_programs_per_sm": 1, "maxnreg": 255, "num_warps": 8, "rotate_in_split": True}),
     (EncodeLaunchConfig, {"block_tokens": 32, "programs_per_sm": 4, "num_warps": 8, "num_stages": 3}),
     (DequantizeLaunchConfig, {"rows": 128, "programs_per_sm": 2, "num_warps": 8, "num_stages": 1}),
 ]

@@ -58,14 +58,15 @@ def test_unknown_preset():
         KVCodecSpec.from_preset("tq5")
 
 
-# Pool contents are keyed by codec_id: the ids of the Lloyd-Max presets must never change.
+# Pool contents are keyed by codec_id: an id changes only with a new format (tq1 → tq2: the unbiased scale),
+# so that blocks of the old format are misses, never read as the new one.
 PINNED_IDS = {
-    "tq4": "K:tq1-d128-b4-haar-s0|V:tq1-d128-b4-haar-s0",
-    "k8v4": "K:tq1-d128-b8-haar-s0|V:tq1-d128-b4-haar-s0",
-    "k3v4": "K:tq1-d128-b3-haar-s0|V:tq1-d128-b4-haar-s0",
-    "tq3": "K:tq1-d128-b3-haar-s0|V:tq1-d128-b3-haar-s0",
-    "k8v8": "K:tq1-d128-b8-haar-s0|V:tq1-d128-b8-haar-s0",
-    "k8v4u": "K:tq1-d128-b8-haar-s0-uniform|V:tq1-d128-b4-haar-s0",
+    "tq4": "K:tq2-d128-b4-haar-s0|V:tq2-d128-b4-haar-s0",
+    "k8v4": "K:tq2-d128-b8-haar-s0|V:tq2-d128-b4-haar-s0",
+    "k3v4": "K:tq2-d128-b3-haar-s0|V:tq2-d128-b4-haar-s0",
+    "tq3": "K:tq2-d128-b3-haar-s0|V:tq2-d128-b3-haar-s0",
+    "k8v8": "K:tq2-d128-b8-haar-s0|V:tq2-d128-b8-haar-s0",
+    "k8v4u": "K:tq2-d128-b8-haar-s0-uniform|V:tq2-d128-b4-haar-s0",
     "none": "K:raw1-d128-bfloat16|V:raw1-d128-bfloat16",
 }
 
