@@ -2,6 +2,8 @@
 
 Provides:
     PRESETS                      name → (key bits, value bits); None bits = lossless raw bytes
+    PRESET_PURPOSE               name → what the preset is for (tiercache plan and the README show it)
+    WIDTHS_NAME                  "k<bits>v<bits>": any TurboQuant widths by name, e.g. k5v3
     PRESET_CODEBOOKS             name → (key codebook, value codebook) where not Lloyd-Max for both
     CODEBOOKS                    ("lloyd", "uniform"): Lloyd-Max, or affine centroids a kernel can compute
     KVCodecSpec                  frozen description (from a preset name or {keys: 8, values: 4}); no tensors;
@@ -18,12 +20,16 @@ Both codecs share one shape contract, so pools hold either without knowing which
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
-# name → (key bits, value bits). None = lossless raw bytes of the model dtype.
+# name → (key bits, value bits). None = lossless raw bytes of the model dtype. The purpose presets first:
+# chosen by measured quality per byte on SmolLM2 (benchmarks/quality.py, RESULTS.md "Quality per byte").
 PRESETS: dict[str, tuple[int | None, int | None]] = {
+    "balanced": (6, 4),  # 168 B per token and head at d128: 3.05× bf16's tokens, 1.52× fp8's
+    "capacity": (5, 3),  # 136 B: 3.76× bf16's tokens, K4V4's bytes at about half its perplexity cost
     "tq4": (4, 4),
     "k8v4": (8, 4),
     "k3v4": (3, 4),
@@ -32,6 +38,13 @@ PRESETS: dict[str, tuple[int | None, int | None]] = {
     "k8v4u": (8, 4),  # uniform (affine) 8-bit keys: arithmetic centroids in the decode kernel
     "none": (None, None),
 }
+PRESET_PURPOSE = {
+    "balanced": "close to fp8's quality at 1.5× its tokens",
+    "capacity": "the most tokens at usable quality",
+    "k8v4": "fp8's quality at 1.28× its tokens (≥ 0.32's exact pages)",
+    "none": "lossless: tiering without quantization",
+}
+WIDTHS_NAME = re.compile(r"k([1-8])v([1-8])")
 # name → (key codebook, value codebook); presets not listed use Lloyd-Max for both.
 PRESET_CODEBOOKS: dict[str, tuple[str, str]] = {"k8v4u": ("uniform", "lloyd")}
 CODEBOOKS = ("lloyd", "uniform")
@@ -74,8 +87,15 @@ class KVCodecSpec:
 
     @classmethod
     def from_preset(cls, name: str) -> KVCodecSpec:
+        """A preset (PRESETS) or widths by name ("k5v3": 5-bit keys, 3-bit values, Lloyd-Max both)."""
+        widths = WIDTHS_NAME.fullmatch(name) if isinstance(name, str) else None
+        if widths:
+            return cls(int(widths.group(1)), int(widths.group(2)))
         if name not in PRESETS:
-            raise ValueError(f"unknown codec preset {name!r}; valid presets: {', '.join(PRESETS)}")
+            raise ValueError(
+                f"unknown codec preset {name!r}; valid presets: {', '.join(PRESETS)}, or k<bits>v<bits> "
+                "(bits 1..8, e.g. k5v3)"
+            )
         key_codebook, value_codebook = PRESET_CODEBOOKS.get(name, ("lloyd", "lloyd"))
         return cls(*PRESETS[name], key_codebook=key_codebook, value_codebook=value_codebook)
 

@@ -17,7 +17,7 @@ Provides:
     host_memory_bytes() / device_memory_bytes()   what the machine has (for the start-up check)
 
 Shape (every key optional; see examples/tiers.yaml):
-    codec: k8v4              # preset (tq4, k8v4, k3v4, tq3, k8v8, k8v4u, none) or {keys: 8, values: 4}
+    codec: k8v4              # preset (balanced, capacity, tq4, k8v4, …, none), k5v3, or {keys: 8, values: 4}
                              # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
                              # (+ exact_layers: [0, 1, -2, -1]: primary mode keeps these layers exact)
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"

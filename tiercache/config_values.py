@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from tiercache.codecs import CODEBOOKS, EXACT_LAYERS_BOUND, PRESETS, KVCodecSpec
+from tiercache.codecs import CODEBOOKS, EXACT_LAYERS_BOUND, PRESETS, WIDTHS_NAME, KVCodecSpec
 from tiercache.errors import ConfigError, shown
 from tiercache.units import DURATION_FORMS, Size, parse_duration, parse_size
 
@@ -29,7 +29,7 @@ DEFAULT_CODEC = "k8v4"
 POLICIES = ("graph", "lru")
 ROTATIONS = ("haar", "hadamard")
 _CODEC_FORMS = (
-    f"a preset ({', '.join(PRESETS)}) or a mapping such as {{keys: 8, values: 4}} "
+    f"a preset ({', '.join(PRESETS)}), widths such as k5v3, or a mapping such as {{keys: 8, values: 4}} "
     f"(optionally key_codebook / value_codebook: {' or '.join(CODEBOOKS)}; exact_layers: [0, 1, -2, -1])"
 )
 _CODEC_KEYS = ("keys", "values", "seed", "rotation", "key_codebook", "value_codebook", "exact_layers")
@@ -167,7 +167,7 @@ def _count(key: str, raw: Any, hi: int, source: str) -> int:
 
 def codec_spec(raw: Any, source: str) -> KVCodecSpec:
     if isinstance(raw, str):
-        if raw not in PRESETS:
+        if raw not in PRESETS and not WIDTHS_NAME.fullmatch(raw):
             close = difflib.get_close_matches(raw[:60], PRESETS, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"codec: got {shown(raw)} ({source}){hint}; expected {_CODEC_FORMS}")

@@ -18,6 +18,7 @@ model dtype, and is served by tiercache.worker.exact_attention: the same metadat
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
@@ -29,6 +30,8 @@ from tiercache.worker.paged_attention import PagedAttention
 from .cache_dtypes import check_fit, sizes_pages
 from .metadata import PrimaryMetadata
 from .selection import current
+
+_LOG = logging.getLogger(__name__)
 
 
 class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
@@ -67,6 +70,8 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
         if not sizes_pages() and not self.exact:  # vLLM 0.26: the page is what --kv-cache-dtype gives
             check_fit(self.spec, kv_cache_dtype, head_size, decision.model_dtype)
         self.codec = None if self.exact else _codec(self.spec, head_size, decision.model_dtype)
+        if self.codec is not None and torch.cuda.is_available():
+            _note_decode_speed(self.spec, head_size)
         self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
 
     def attention(self, block_size: int) -> PagedAttention:
@@ -144,6 +149,22 @@ def _flash_varlen(head_size: int):
         )  # fmt: skip
 
     return varlen
+
+
+@functools.cache
+def _note_decode_speed(spec, head_size: int) -> None:
+    """One warning per codec where decode runs on the generic Triton kernel (measured 2–44× slower per byte
+    read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35)."""
+    from tiercache.kernels.decode_lut import LUT_WIDTHS, lut_serves
+
+    if not lut_serves(spec.key_bits, spec.value_bits, head_size):
+        fast = ", ".join(f"K{k}V{v}" for k, v in LUT_WIDTHS)
+        _LOG.warning(
+            "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the generic Triton kernel, "
+            "measured 2-44x slower per byte read than K4V4 on an H200; the fast decode kernel serves %s at "
+            "head_dim 128 (codec tq4 or k8v4) where decode speed matters more than quality per byte",
+            spec.name, spec.key_bits, spec.value_bits, head_size, fast,
+        )  # fmt: skip
 
 
 @functools.cache

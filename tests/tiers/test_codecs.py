@@ -54,13 +54,15 @@ def test_bytes_per_token_formula():
 
 
 def test_unknown_preset():
-    with pytest.raises(ValueError, match="valid presets: tq4, k8v4"):
+    with pytest.raises(ValueError, match="valid presets: balanced, capacity, tq4, k8v4"):
         KVCodecSpec.from_preset("tq5")
 
 
 # Pool contents are keyed by codec_id: an id changes only with a new format (tq1 → tq2: the unbiased scale),
 # so that blocks of the old format are misses, never read as the new one.
 PINNED_IDS = {
+    "balanced": "K:tq2-d128-b6-haar-s0|V:tq2-d128-b4-haar-s0",
+    "capacity": "K:tq2-d128-b5-haar-s0|V:tq2-d128-b3-haar-s0",
     "tq4": "K:tq2-d128-b4-haar-s0|V:tq2-d128-b4-haar-s0",
     "k8v4": "K:tq2-d128-b8-haar-s0|V:tq2-d128-b4-haar-s0",
     "k3v4": "K:tq2-d128-b3-haar-s0|V:tq2-d128-b4-haar-s0",
@@ -75,6 +77,16 @@ def test_preset_ids_are_pinned():
     assert set(PINNED_IDS) == set(PRESETS)
     for preset, expected in PINNED_IDS.items():
         assert KVCodecSpec.from_preset(preset).codec_id(128) == expected
+
+
+def test_widths_by_name():
+    """k<bits>v<bits> names any Lloyd-Max widths; a preset with those widths is reported by its name."""
+    assert KVCodecSpec.from_preset("k5v3") == KVCodecSpec(5, 3) == KVCodecSpec.from_preset("capacity")
+    assert KVCodecSpec.from_preset("k7v2") == KVCodecSpec(7, 2) and KVCodecSpec(7, 2).name == "k7v2"
+    assert KVCodecSpec(5, 3).name == "capacity"
+    for bad in ("k9v4", "k0v4", "k8v", "K5V3", "k5v3 "):
+        with pytest.raises(ValueError, match="k<bits>v<bits>"):
+            KVCodecSpec.from_preset(bad)
 
 
 def test_k8v4u_is_k8v4_with_uniform_keys():

@@ -111,7 +111,7 @@ BAD_FILES = [
     ("tiers:\n  dram: lots tokens\n", ["tiers.dram", "'lots tokens'", "2M tokens"]),
     ("tiers: 4GiB\n", ["tiers", "'4GiB'", "mapping"]),
     ("codec: tq5\n", ["codec", "'tq5'", "tq4", "k8v4", "keys: 8"]),
-    ("codec: k8v5\n", ["codec", "'k8v5'", "did you mean"]),
+    ("codec: k9v4\n", ["codec", "'k9v4'", "did you mean", "k5v3"]),
     ("codec: {keys: 9, values: 4}\n", ["codec.keys", "9", "1..8"]),
     ("codec: {keys: 8}\n", ["codec.values", "missing"]),
     ("codec: {keys: 8, values: 4, bits: 3}\n", ["'codec.bits'", "Valid keys"]),
@@ -150,6 +150,13 @@ def test_bad_files(tmp_path, text, fragments):
     for fragment in fragments:
         assert fragment in message, message
     assert "\n" not in message.strip() or "YAML" in message  # one clear message
+
+
+def test_codec_widths_by_name(tmp_path):
+    path = tmp_path / "widths.yaml"
+    path.write_text("codec: k8v5\n")
+    codec = TierCacheConfig.from_yaml(path).codec
+    assert (codec.key_bits, codec.value_bits) == (8, 5)
 
 
 def test_missing_file():

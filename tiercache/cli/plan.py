@@ -3,7 +3,8 @@
 Provides:
     ModelGeometry(num_layers, num_kv_heads, head_dim)      from a Hugging Face config.json (dict)
     model_geometry(config) / load_model_config(path_or_json)
-    PlanRow(name, bytes_per_token, tokens_vram, tokens_dram)
+    PlanRow(name, bytes_per_token, tokens_vram, tokens_dram, configured, quality, decode)
+    MEASURED_DPPL                     preset → ΔPPL measured through vLLM (the plan's quality column)
     plan_rows(geometry, vram_bytes, dram_bytes, codec=None) -> list[PlanRow]
     memory_warnings(tiers, bytes_per_token, host_bytes, gpu_bytes, ranks=1) -> list[str]
                                       a tier larger than the memory it lives in, with both numbers
@@ -15,6 +16,8 @@ Bytes per token (per rank, all layers, K and V):
     bf16 / fp8:  layers × kv_heads × head_dim × 2 × (2 or 1)
     TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
 Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
+Beside them: each format's measured ΔPPL (MEASURED_DPPL) and which kernel decodes it in primary mode on a GPU
+(the Gluon kernel for K4V4 and K8V4 at head_dim 128, the generic Triton kernel for other widths).
 Tier sizes (tiers.vram, tiers.dram) are per rank. Under tensor parallelism every rank holds its KV heads'
 share of the same tokens: a tier holds as many tokens as one rank's tier does, and its bytes over all ranks
 are the rank's × the rank count.
@@ -32,7 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-COMMON_PRESETS = ("tq4", "k8v4", "k3v4", "k8v8")
+COMMON_PRESETS = ("balanced", "capacity", "k8v4", "tq4", "k3v4", "k8v8")
+# SmolLM2-135M-Instruct through vLLM 0.26 on an H200: 160 windows of 1,024 tokens, prefill in chunks of 128
+# (each window read back from the cache), ΔPPL against vLLM's bf16 cache in the same run
+# (benchmarks/quality_backend.py, benchmarks/RESULTS.md 2026-11-28). Formats not in that run show "—".
+MEASURED_DPPL = {"bf16": "0", "fp8": "+1.61 %", "balanced": "+1.18 %", "capacity": "+4.86 %"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class PlanRow:
     tokens_vram: int | None
     tokens_dram: int | None
     configured: bool = False
+    quality: str = "—"  # measured ΔPPL (MEASURED_DPPL)
+    decode: str = "—"  # the kernel that decodes it in primary mode on a GPU
 
 
 def load_model_config(source: str) -> dict[str, Any]:
@@ -93,22 +102,30 @@ def plan_rows(
     geometry: ModelGeometry, vram_bytes: int | None, dram_bytes: int | None, codec=None
 ) -> list[PlanRow]:
     from tiercache.codecs import KVCodecSpec
+    from tiercache.kernels.decode_lut import lut_serves
 
     L, H, d = geometry.num_layers, geometry.num_kv_heads, geometry.head_dim
-    sizes: list[tuple[str, int, bool]] = [("bf16", L * H * d * 2 * 2, False), ("fp8", L * H * d * 2, False)]
+
+    def tokens(total: int | None, per: int) -> int | None:
+        return None if total is None else total // per
+
+    def row(name: str, per: int, configured: bool, measured: str, decode: str) -> PlanRow:
+        held = tokens(vram_bytes, per), tokens(dram_bytes, per)
+        return PlanRow(name, per, *held, configured, MEASURED_DPPL.get(measured, "—"), decode)
+
+    bf16_name = "bf16 (none: lossless)" if codec is not None and codec.lossless else "bf16"
+    rows = [row(bf16_name, L * H * d * 2 * 2, bf16_name != "bf16", "bf16", "vLLM FlashAttention"),
+            row("fp8", L * H * d * 2, False, "fp8", "vLLM FlashAttention 3")]  # fmt: skip
     specs = [KVCodecSpec.from_preset(p) for p in COMMON_PRESETS]
     if codec is not None and not codec.lossless and codec not in specs:
         specs.append(codec)
     for spec in specs:
         label = f"TQ K{spec.key_bits}V{spec.value_bits} ({spec.name})"
-        sizes.append((label, spec.bytes_per_token(L, H, d), codec is not None and spec == codec))
-    if codec is not None and codec.lossless:
-        sizes[0] = ("bf16 (none: lossless)", sizes[0][1], True)
-
-    def tokens(total: int | None, per: int) -> int | None:
-        return None if total is None else total // per
-
-    return [PlanRow(n, b, tokens(vram_bytes, b), tokens(dram_bytes, b), c) for n, b, c in sizes]
+        fast = lut_serves(spec.key_bits, spec.value_bits, d)
+        decode = "Gluon (fast)" if fast else "Triton, 2-44x slower/byte"
+        rows.append(row(label, spec.bytes_per_token(L, H, d), codec is not None and spec == codec, spec.name,
+                        decode))  # fmt: skip
+    return rows
 
 
 def memory_warnings(
@@ -211,13 +228,16 @@ def run(args: argparse.Namespace) -> int:
         tp = args.tensor_parallel
         print(f"bytes are per rank; each of the {tp} ranks holds its KV heads' share of the same tokens")
     bf16 = rows[0].bytes_per_token
-    print(f"{'format':<24} {'bytes/token':>12} {'vs bf16':>8} {'tokens in VRAM':>15} {'tokens in DRAM':>15}")
+    print(f"{'format':<24} {'bytes/token':>12} {'vs bf16':>8} {'tokens in VRAM':>15} {'tokens in DRAM':>15}"
+          f"  {'ΔPPL':>8}  decode (primary mode, GPU)")  # fmt: skip
     for row in rows:
         print(
             f"{row.name + (' *' if row.configured else ''):<24} {row.bytes_per_token:>12,} "
             f"{bf16 / row.bytes_per_token:>7.2f}x {_tokens(row.tokens_vram, tiers.vram, row):>15} "
-            f"{_tokens(row.tokens_dram, tiers.dram, row):>15}"
+            f"{_tokens(row.tokens_dram, tiers.dram, row):>15}  {row.quality:>8}  {row.decode}"
         )
+    print("ΔPPL: SmolLM2-135M through vLLM on an H200, each window read back from the cache, against bf16 "
+          "(benchmarks/RESULTS.md)")  # fmt: skip
     for line in tier_size_lines(tiers, per_token, args.tensor_parallel):
         print(line)
     for warning in memory_warnings(tiers, per_token, host, gpu, args.tensor_parallel):
