@@ -2,7 +2,9 @@
 
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
-        [--json PATH]
+        [--json PATH] [--widths]
+--widths times every key width with 4-bit values and every value width with 4-bit keys at 16 × 32K and
+64 × 8K (graph replay) and prints each one's time per byte read against K4V4's (issue 35: within 1.3×).
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
 in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
@@ -37,7 +39,10 @@ PRESETS = {
     "k4v4": (4, 4, "lloyd", "lloyd"),
     "k8v4": (8, 4, "lloyd", "lloyd"),
     "k8v4u": (8, 4, "uniform", "lloyd"),  # the k8v4u codec preset: uniform 8-bit keys
+    "k6v4": (6, 4, "lloyd", "lloyd"),  # the balanced preset
+    "k5v3": (5, 3, "lloyd", "lloyd"),  # the capacity preset
 }
+WIDTH_SHAPES = [(16, 32768), (64, 8192)]
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 BEFORE = {"lut_kernel": False}  # the Triton perfield kernel (the default until the Gluon kernel, 066e2a9)
 
@@ -211,6 +216,31 @@ def breakdown(config: DecodeLaunchConfig) -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=40))
 
 
+def width_grid(config: DecodeLaunchConfig) -> None:
+    """Graph µs of K{1..8}V4 and K4V{1..8} at WIDTH_SHAPES, per byte read against K4V4's (last table)."""
+    from tiercache.kernels import decode_lut
+
+    pairs = sorted({(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)})
+    rows = []
+    for k_bits, v_bits in pairs:
+        for batch, seq in WIDTH_SHAPES:
+            case = Case(batch, seq, k_bits, v_bits, dense=False, config=config)
+            group = HQ // H
+            gluon = decode_lut.lut_mode_of(case.query, case.kp, case.vp, case.kc, case.vc, group, BS, config)
+            rows.append((k_bits, v_bits, batch, seq, bench_us(graphed(case.ours)), case.tq_bytes,
+                         "Gluon" if gluon else "Triton"))  # fmt: skip
+            print("  " + json.dumps(rows[-1]), flush=True)
+            del case
+            torch.cuda.empty_cache()
+    per_byte = {(b, s): us / n for k, v, b, s, us, n, _ in rows if (k, v) == (4, 4)}
+    print("\n# every width: graph µs and time per byte read against K4V4's (≤ 1.3 is the target)")
+    print("K | V | B × S | kernel | graph µs | MB read | µs per MB | per byte × K4V4")
+    for k, v, b, s, us, n, kernel in rows:
+        ratio = us / n / per_byte[(b, s)]
+        print(f"{k} | {v} | {b} × {s // 1024}K | {kernel} | {us:.1f} | {n / 1e6:.1f} | {us / n * 1e6:.2f} | "
+              f"{ratio:.2f}")  # fmt: skip
+
+
 def print_tables(results: list[dict], copy_gbs: float) -> None:
     print(f"\n# decode attention, {describe_device()}, commit {git_commit()}, copy {copy_gbs:.0f} GB/s")
     print("# times µs (eager / CUDA graph); speedup = best SDPA / ours; floor frac = floor / ours (graph)")
@@ -242,6 +272,7 @@ def main() -> None:
     parser.add_argument("--variants", default=None, help="JSON list of changes for --sweep to time")
     parser.add_argument("--json", default=None)
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--widths", action="store_true", help="every key and value width against K4V4 (last)")
     parser.add_argument(
         "--before", nargs="?", const=json.dumps(BEFORE), default=None,
         help=f"also time this JSON launch configuration (default {BEFORE}: the Triton kernel)",
@@ -273,6 +304,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"copy_gbs": copy_gbs, "config": asdict(config), "results": results}, f, indent=1)
     print_tables(results, copy_gbs)
+    if args.widths:
+        width_grid(config)
 
 
 if __name__ == "__main__":

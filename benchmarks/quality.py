@@ -38,7 +38,7 @@ from tiercache.kernels import TurboQuantCodec
 
 ATTN_NAME = "tiercache_kv_quant"
 ROTATION = "haar"
-ALL_CONFIGS = ("none", "K4V4", "K3V4", "K8V4", "K8V8", "K4V8", "fp8")
+ALL_CONFIGS = ("none", "K4V4", "K3V4", "K8V4", "K8V8", "K4V8", "fp8", "K6V4", "K5V3")
 # A fixed list, so the corpus depends only on the Python version. Docstrings first, then license texts.
 STDLIB_MODULES = """
     abc argparse ast asyncio.events asyncio.tasks base64 bdb bisect calendar cmd codecs collections
@@ -54,7 +54,7 @@ STDLIB_MODULES = """
 """.split()  # noqa: SIM905
 
 KVFn = Callable[[torch.Tensor], torch.Tensor]
-_TQ_CONFIG = re.compile(r"K([1-8])(u?)V([1-8])(u?)")
+_TQ_CONFIG = re.compile(r"K([1-8])(u?)(s?)V([1-8])(u?)(s?)")
 
 
 # ---------------------------------------------------------------- corpus
@@ -117,8 +117,12 @@ def gather_tokens(tokenizer, n_tokens: int) -> tuple[torch.Tensor, str]:
 # ---------------------------------------------------------------- K/V quantizers and the attention function
 
 
-def _turboquant(bits: int, head_dim: int, seed: int, codebook: str = "lloyd") -> KVFn:
+def _turboquant(bits: int, head_dim: int, seed: int, codebook: str = "lloyd", shrunk: bool = False) -> KVFn:
+    """Encode and decode with the codec; shrunk: with format 1's scale ‖x‖ instead of the stored unbiased one
+    (codec.py), to measure what the unbiased scale changes."""
     codec = TurboQuantCodec(head_dim, bits, seed=seed, rotation=ROTATION, codebook=codebook)
+    if shrunk:
+        return lambda x: codec.decode(codec.encode(x)[0], x.float().norm(dim=-1), dtype=x.dtype)
     return lambda x: codec.decode(*codec.encode(x), dtype=x.dtype)
 
 
@@ -127,9 +131,10 @@ def _fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def make_config(name: str, head_dim: int, seed: int = 0) -> tuple[KVFn, KVFn]:
-    """(key fn, value fn) for a config name: none, fp8, or K<bits>[u]V<bits>[u] (both codecs use `seed`).
+    """(key fn, value fn) for a config name: none, fp8, or K<bits>[u][s]V<bits>[u][s] (both codecs: `seed`).
 
-    A "u" after a width selects the uniform (affine) codebook for that side, e.g. K8uV4; else Lloyd-Max.
+    A "u" after a width selects the uniform (affine) codebook for that side, e.g. K8uV4; else Lloyd-Max. An
+    "s" decodes that side with format 1's shrunk scale ‖x‖ (K6sV4s: the codec before the unbiased scale).
     """
     if name == "none":
         return (lambda x: x), (lambda x: x)
@@ -137,13 +142,14 @@ def make_config(name: str, head_dim: int, seed: int = 0) -> tuple[KVFn, KVFn]:
         return _fp8, _fp8
     match = _TQ_CONFIG.fullmatch(name)
     if match:
-        k_bits, k_uniform, v_bits, v_uniform = match.groups()
+        k_bits, k_uniform, k_shrunk, v_bits, v_uniform, v_shrunk = match.groups()
         return (
-            _turboquant(int(k_bits), head_dim, seed, "uniform" if k_uniform else "lloyd"),
-            _turboquant(int(v_bits), head_dim, seed, "uniform" if v_uniform else "lloyd"),
+            _turboquant(int(k_bits), head_dim, seed, "uniform" if k_uniform else "lloyd", bool(k_shrunk)),
+            _turboquant(int(v_bits), head_dim, seed, "uniform" if v_uniform else "lloyd", bool(v_shrunk)),
         )
     raise ValueError(
-        f"unknown config {name!r}; valid: none, fp8, K<bits>[u]V<bits>[u] (u = uniform codebook) "
+        f"unknown config {name!r}; valid: none, fp8, K<bits>[u][s]V<bits>[u][s] (u = uniform codebook, "
+        "s = format 1's scale) "
         f"e.g. {', '.join(ALL_CONFIGS)}, K8uV4"
     )
 

@@ -1,8 +1,9 @@
-"""Primary mode served by real vLLM on a GPU, against vLLM's bf16 FLASH_ATTN (and, when FlashAttention 2 is
-packed, vLLM's own TURBOQUANT cache dtypes): tokens held in the same KV memory, prefill tokens/s, decode step
-time and output tokens/s.
+"""Primary mode served by real vLLM on a GPU, against vLLM's bf16 FLASH_ATTN and its fp8 cache (and, when
+FlashAttention 2 is packed, vLLM's own TURBOQUANT cache dtypes): tokens held in the same KV memory, prefill
+tokens/s, decode step time and output tokens/s.
 
-    python -m benchmarks.serve                                   # Llama-3.1-8B layer shapes, 16 layers
+    python -m benchmarks.serve          # bf16, fp8 and the presets; 16 layers of Llama-3.1-8B shape
+    python -m benchmarks.serve --configs bf16,fp8,vllm-tq-k8v4,vllm-tq-4bit   # vLLM's own caches
     python -m benchmarks.serve --configs bf16,tq4 --sets 2x1024 --layers 2     # a quick check
     python -m benchmarks.serve --configs bf16,tq4,tq4-exact2,k8v4-exact2         # boundary layers exact
 
@@ -40,6 +41,9 @@ BOUNDARY = [0, 1, -2, -1]  # the first two and last two layers
 #          vLLM's cache dtype where tiercache does not choose it: its configs take exact_layers.cache_args')
 CONFIGS = {
     "bf16": (None, None, "auto"),
+    "fp8": (None, None, "fp8"),
+    "balanced": ("CUSTOM", "balanced", None),
+    "capacity": ("CUSTOM", "capacity", None),
     "tq4": ("CUSTOM", "tq4", None),
     "k8v4": ("CUSTOM", "k8v4", None),
     "tq4-exact2": ("CUSTOM", {"keys": 4, "values": 4, "exact_layers": BOUNDARY}, None),
@@ -117,7 +121,7 @@ def run_child(config: str, args: argparse.Namespace) -> dict | str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="bf16,tq4,k8v4,tq4-exact2,k8v4-exact2,vllm-tq-k8v4,vllm-tq-4bit")
+    parser.add_argument("--configs", default="bf16,fp8,balanced,capacity,tq4,k8v4")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--kv-gib", type=float, default=36.0)
     parser.add_argument("--sets", default="16x32768,64x8192", help="N x L sets, comma separated")
