@@ -16,9 +16,9 @@ Split kernels: on CUDA with 16-bit queries, head_dim 128, 4-bit values, 4/8-bit 
 shared memory; GPU only: its PTX text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs
 it). Where its compile check fails, the Triton kernels serve that launch configuration on that kind of
 device from then on (decode_lut's compile-failure memo). Shared launch pieces (split planning, rotation,
-merge) are in _decode_launch.py. Otherwise the Triton _decode_perfield_kernel (2/4/8-bit; 3-bit uses
-_decode_split_kernel), whose 4-bit lookup on the GPU is inline PTX (register permutes) that the interpreter
-replaces by a table gather (test_decode_tables.py).
+merge) are in _decode_launch.py. Otherwise the Triton _decode_perfield_kernel (every width 1–8 for K and V),
+whose 4-bit lookup on the GPU is inline PTX (register permutes) that the interpreter replaces by a table
+gather (test_decode_tables.py).
 With a workspace (and `out`) passed in, the call allocates nothing, so it can be captured in a CUDA graph.
 The number of splits depends only on shapes.
 Precision: float32 queries use IEEE float32 products (≤ 1e-4 relative to a float64 reference); bfloat16 /

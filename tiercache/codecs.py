@@ -2,7 +2,6 @@
 
 Provides:
     PRESETS                      name → (key bits, value bits); None bits = lossless raw bytes
-    PRESET_PURPOSE               name → what the preset is for (tiercache plan and the README show it)
     WIDTHS_NAME                  "k<bits>v<bits>": any TurboQuant widths by name, e.g. k5v3
     PRESET_CODEBOOKS             name → (key codebook, value codebook) where not Lloyd-Max for both
     CODEBOOKS                    ("lloyd", "uniform"): Lloyd-Max, or affine centroids a kernel can compute
@@ -25,11 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-# name → (key bits, value bits). None = lossless raw bytes of the model dtype. The purpose presets first:
-# chosen by measured quality per byte on SmolLM2 (benchmarks/quality.py, RESULTS.md "Quality per byte").
+# name → (key bits, value bits). None = lossless raw bytes of the model dtype. The purpose presets first,
+# chosen by quality per byte on SmolLM2 (benchmarks/quality.py's simulation, then through vLLM with
+# benchmarks/quality_backend.py: RESULTS.md, "Quality per byte against vLLM's fp8 cache").
 PRESETS: dict[str, tuple[int | None, int | None]] = {
     "balanced": (6, 4),  # 168 B per token and head at d128: 3.05× bf16's tokens, 1.52× fp8's
-    "capacity": (5, 3),  # 136 B: 3.76× bf16's tokens, K4V4's bytes at about half its perplexity cost
+    "capacity": (5, 3),  # 136 B: 3.76× bf16's tokens; K4V4's bytes at about half its ΔPPL (simulated)
     "tq4": (4, 4),
     "k8v4": (8, 4),
     "k3v4": (3, 4),
@@ -37,12 +37,6 @@ PRESETS: dict[str, tuple[int | None, int | None]] = {
     "k8v8": (8, 8),
     "k8v4u": (8, 4),  # uniform (affine) 8-bit keys: arithmetic centroids in the decode kernel
     "none": (None, None),
-}
-PRESET_PURPOSE = {
-    "balanced": "close to fp8's quality at 1.5× its tokens",
-    "capacity": "the most tokens at usable quality",
-    "k8v4": "fp8's quality at 1.28× its tokens (≥ 0.32's exact pages)",
-    "none": "lossless: tiering without quantization",
 }
 WIDTHS_NAME = re.compile(r"k([1-8])v([1-8])")
 # name → (key codebook, value codebook); presets not listed use Lloyd-Max for both.
