@@ -36,6 +36,24 @@ def test_request_log_keeps_the_newest_and_finds_them_by_any_key():
     assert RequestLog(0).find("x") is None
 
 
+def test_the_openai_response_id_finds_its_request_and_a_miss_names_the_known_ids():
+    """vLLM's OpenAI server returns cmpl-X and gives the engine cmpl-X-<prompt index>, which vLLM makes
+    internal as cmpl-X-0-<8 hex>: all three find the record; an unknown id's error lists the newest ids."""
+    log = RequestLog(3)
+    log.add(record("cmpl-9f3e-0-0123abcd", external="cmpl-9f3e-0", tokens=(1,)))
+    log.add(record("chatcmpl-77-89abcdef", external="chatcmpl-77", tokens=(2,)))
+    for key in ("cmpl-9f3e", "cmpl-9f3e-0", "cmpl-9f3e-0-0123abcd"):
+        assert log.find(key).request_id == "cmpl-9f3e-0-0123abcd", key
+    assert log.recent_ids == ("chatcmpl-77", "cmpl-9f3e-0")
+    state = InspectionState()
+    state.record_request(record("cmpl-1-0-0123abcd", external="cmpl-1-0"))
+    manager = TierManager(vram_blocks=2, dram_blocks=0, codec_id="c", policy=LRUPolicy())
+    state.publish(manager.view(), force=True)
+    reply = handle(state, {"method": "explain_request", "params": {"request_id": "cmpl-2"}})
+    assert reply["ok"] is False and "no recent request matches request id 'cmpl-2'" in reply["error"]
+    assert "the newest ids it knows: 'cmpl-1-0'" in reply["error"]
+
+
 def test_departures_keep_only_departures_and_count_what_they_forget():
     gone = Departures(2)
     gone.record(HitEvent(0, 0.0, b"a", "c", "lookup"))

@@ -159,3 +159,13 @@ def test_memory_warnings_ranks_and_token_sizes():
 def test_cli_bad_memory_flag(capsys):
     assert main(["plan", "--model", json.dumps(LLAMA3_8B), "--gpu-memory", "80 gigs"]) == 2
     assert capsys.readouterr().err.startswith("tiercache plan: --gpu-memory: ")
+
+
+def test_cli_warns_about_a_tier_that_holds_no_block(tmp_path, capsys):
+    """tiers.vram: 4 is 4 bytes: the engine refuses it, and plan says so before anyone starts one."""
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text("codec: k8v4\ntiers:\n  vram: 4\n  dram: 8GiB\n")
+    assert main(["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers)]) == 0
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "tiers.vram" in line]
+    assert "tiers.vram = 4 B (4 bytes) holds 0 tokens, not one block of 16" in warning
+    assert "give tiers.vram a size such as 4GiB" in warning

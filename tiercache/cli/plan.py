@@ -7,7 +7,8 @@ Provides:
     MEASURED_DPPL                     preset → ΔPPL measured through vLLM (the plan's quality column)
     plan_rows(geometry, vram_bytes, dram_bytes, codec=None) -> list[PlanRow]
     memory_warnings(tiers, bytes_per_token, host_bytes, gpu_bytes, ranks=1) -> list[str]
-                                      a tier larger than the memory it lives in, with both numbers
+                                      a tier larger than the memory it lives in, with both numbers, and a
+                                      tier too small to hold one block (BLOCK_TOKENS)
     tier_size_lines(tiers, bytes_per_token, ranks=1) -> list[str]
                                       each tier per rank and over all ranks, in bytes and tokens
     add_arguments(parser), run(args) -> int                  the CLI subcommand
@@ -128,6 +129,9 @@ def plan_rows(
     return rows
 
 
+BLOCK_TOKENS = 16  # vLLM's default block size on GPUs (its CPU backend's is 32): the least a tier must hold
+
+
 def memory_warnings(
     tiers, bytes_per_token: int, host_bytes: int | None, gpu_bytes: int | None, ranks: int = 1
 ) -> list[str]:
@@ -143,6 +147,13 @@ def memory_warnings(
 
     out = []
     vram, dram = tiers.vram.to_bytes(bytes_per_token), tiers.dram.to_bytes(bytes_per_token)
+    for name, nbytes in (("vram", vram), ("dram", dram)):
+        if 0 < nbytes < BLOCK_TOKENS * bytes_per_token:
+            out.append(
+                f"tiers.{name} = {both(nbytes)} holds {nbytes // bytes_per_token} tokens, not one block of "
+                f"{BLOCK_TOKENS} ({both(BLOCK_TOKENS * bytes_per_token)} with the configured codec); the "
+                f'engine refuses to start with it: give tiers.{name} a size such as 4GiB or "2M tokens"'
+            )
     if gpu_bytes is not None and vram > gpu_bytes:
         out.append(
             f"tiers.vram = {asked(tiers.vram, vram)} per GPU is more than the GPU's {both(gpu_bytes)}; the "

@@ -8,7 +8,8 @@ Provides:
                          block that was not stored (taken at admission: the request may store it again, and
                          it may leave again), tokens by source
     RequestLog(size)     the `size` most recent admissions; .add(record), .find(key) -> RequestRecord | None
-                         (key: a request id, vLLM's internal or the caller's, or a prompt digest)
+                         (key: a request id, vLLM's internal or the caller's, the id vLLM's OpenAI server
+                         returned, or a prompt digest); .recent_ids: the newest callers' ids (≤ 5)
     Departures(size)     block hash → the event that took it out of the tiers (an eviction that dropped it,
                          a drop after a failed load, a store that failed or found no room) or kept it out
                          (a store the policy's admission control declined), for the `size`
@@ -24,6 +25,7 @@ so `inspect.recent_requests` bounds it; a departure keeps one frozen event (≈ 
 from __future__ import annotations
 
 import hashlib
+import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -40,6 +42,10 @@ WHERE = {
     "-": None,
 }  # stored and readable in that tier (r: in the remote store, fetched); "-": not stored; "x": unreadable
 _CODE = {VRAM: "v", DRAM: "d", REMOTE: "r"}
+# vLLM's OpenAI server answers with one id per response (cmpl-…) and gives the engine that id plus "-<i>",
+# the prompt's index in the request: the response id names the newest of them.
+_PROMPT_INDEX = re.compile(r"(?P<response>.+)-\d+")
+RECENT_IDS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +81,8 @@ class RequestLog:
             raise ValueError(f"RequestLog: size must be ≥ 0, got {size}")
         self.size = size
         self._records: OrderedDict[str, RequestRecord] = OrderedDict()
-        self._aliases: dict[bytes | str, str] = {}  # external id or digest → newest request id
+        self._aliases: dict[bytes | str, str] = {}  # caller's ids or digest → newest request id
+        self.recent_ids: tuple[str, ...] = ()  # the newest caller-facing ids, newest first (replaced whole)
 
     def add(self, record: RequestRecord) -> None:
         if self.size == 0:
@@ -83,14 +90,15 @@ class RequestLog:
         records = self._records
         records.pop(record.request_id, None)
         records[record.request_id] = record
-        for alias in (record.external_id, record.digest):
-            if alias is not None:
-                self._aliases[alias] = record.request_id
+        for alias in _aliases(record):
+            self._aliases[alias] = record.request_id
         while len(records) > self.size:
             _, old = records.popitem(last=False)
-            for alias in (old.external_id, old.digest):
-                if alias is not None and self._aliases.get(alias) == old.request_id:
+            for alias in _aliases(old):
+                if self._aliases.get(alias) == old.request_id:
                     del self._aliases[alias]
+        shown = record.external_id or record.request_id
+        self.recent_ids = (shown, *(i for i in self.recent_ids if i != shown))[:RECENT_IDS]
 
     def find(self, key: str | bytes) -> RequestRecord | None:
         if isinstance(key, str):
@@ -102,6 +110,18 @@ class RequestLog:
 
     def __len__(self) -> int:
         return len(self._records)
+
+
+def _response_id(external_id: str | None) -> str | None:
+    """The OpenAI response id an engine id "<response id>-<prompt index>" was made from, else None."""
+    match = _PROMPT_INDEX.fullmatch(external_id) if external_id else None
+    return match["response"] if match else None
+
+
+def _aliases(record: RequestRecord) -> list[bytes | str]:
+    """The keys besides its request id that find a record: the caller's id, the response id it came from,
+    the prompt digest."""
+    return [a for a in (record.external_id, _response_id(record.external_id), record.digest) if a is not None]
 
 
 class Departures:

@@ -54,11 +54,14 @@ MISS_CAUSES = (
 def explain_request(state, snap: Snapshot, key: str | bytes) -> dict[str, Any]:
     record = state.requests.find(key)
     if record is None:
-        kept = state.requests.size
+        log = state.requests
         what = f"request id {key!r}" if isinstance(key, str) else "prompt"
+        known = ", ".join(repr(i) for i in log.recent_ids) or "none yet"
         raise RequestError(
-            f"no recent request matches {what}: only the last {kept} admitted requests are kept "
-            "(inspect.recent_requests in the YAML); a request is recorded when vLLM schedules it"
+            f"no recent request matches {what}; the newest ids it knows: {known} (the id vLLM's OpenAI "
+            "server returned, the id given to vLLM, or vLLM's internal id; only the last "
+            f"{log.size} admitted requests are kept: inspect.recent_requests in the YAML); a request is "
+            "recorded when vLLM schedules it"
         )
     departures = state.departures
     forgotten = departures.forgotten > 0
