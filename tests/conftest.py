@@ -5,8 +5,7 @@ import os
 
 import pytest
 import torch
-
-from tests.redis_server import RedisServer, require_remote
+from redis_server import RedisServer, require_remote  # tests/ is on sys.path (pytest: rootdir conftest)
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
+from remote_helpers import LAYOUT, hashes, namespace, rows, store
 
-from tests.remote.remote_helpers import LAYOUT, hashes, namespace, rows, store
 from tiercache.remote.format import HEADER_BYTES, encode_value
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
