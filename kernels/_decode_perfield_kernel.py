@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_common import dot16, pdl_launch_dependents, pdl_wait
+from ._triton_common import dot16, load_packed_words, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -31,23 +31,6 @@ def _mma(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
         return dot16(a, b, acc, UPCAST)
-
-
-@triton.jit
-def _load_words(row, tmask, stride, BPG: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr):
-    """Packed groups [TILE, NGP] of the rows at `row` (columns past NG are 0): uint8 bytes (BPG 1), else
-    little-endian words (int32; int64 past 4 bytes)."""
-    g = tl.arange(0, NGP)
-    mask = tmask[:, None] & (g < NG)[None, :]
-    ptrs = row[:, None] + (g * BPG)[None, :] * stride
-    word = tl.load(ptrs, mask=mask, other=0)
-    if BPG > 1:
-        word = word.to(tl.int32)
-        if BPG > 4:
-            word = word.to(tl.int64)
-        for m in tl.static_range(1, BPG):
-            word = word | (tl.load(ptrs + m * stride, mask=mask, other=0).to(word.dtype) << (8 * m))
-    return word
 
 
 @triton.jit
@@ -62,9 +45,9 @@ def _load_tile(
     tmask = t < end
     block = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_m, mask=tmask, other=0).to(tl.int64)
     off = t % BLOCK_SIZE
-    kw = _load_words(kp_ptr + block * skp_b + off * skp_o + h * skp_h, tmask, skp_p, K_BPG, K_NG, K_NGP)
+    kw = load_packed_words(kp_ptr + block * skp_b + off * skp_o + h * skp_h, tmask, skp_p, K_BPG, K_NG, K_NGP)
     kn = tl.load(kn_ptr + block * skn_b + off * skn_o + h * skn_h, mask=tmask, other=0.0)
-    vw = _load_words(vp_ptr + block * svp_b + off * svp_o + h * svp_h, tmask, svp_p, V_BPG, V_NG, V_NGP)
+    vw = load_packed_words(vp_ptr + block * svp_b + off * svp_o + h * svp_h, tmask, svp_p, V_BPG, V_NG, V_NGP)
     vn = tl.load(vn_ptr + block * svn_b + off * svn_o + h * svn_h, mask=tmask, other=0.0)
     return kw, kn, vw, vn
 

@@ -2,6 +2,7 @@
 
 Provides:
     unpack_field_major (jit)           packed rows → indices [R, D] in field-major order
+    load_packed_words (jit)            packed rows → their groups [R, NGP] (bytes, or assembled words)
     pack_field_major (jit)             field-major indices [R, D] → packed bytes, stored to rows
     nearest_centroid (jit)             fixed-point uniform-cell search: the nearest centroid of each value
     centroid_at (jit)                  codebook[idx] (f32), in idx's own layout under ASM
@@ -49,22 +50,26 @@ def unpack_field_major(
     BPG: tl.constexpr,
     NG: tl.constexpr,
 ):
-    word = load_packed_words(row_ptrs, row_mask, byte_stride, BPG, NG)
+    word = load_packed_words(row_ptrs, row_mask, byte_stride, BPG, NG, NG)
     return words_to_field_major(word, BITS, PG, NG)
 
 
 @triton.jit
-def load_packed_words(row_ptrs, row_mask, byte_stride, BPG: tl.constexpr, NG: tl.constexpr):
-    """The NG groups of each packed row as words [R, NG] (BPG little-endian bytes each; int32, or int64 for
-    more than 4 bytes)."""
-    g = tl.arange(0, NG)
+def load_packed_words(
+    row_ptrs, row_mask, byte_stride, BPG: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr
+):  # fmt: skip
+    """The NG groups of each packed row [R, NGP] (NGP ≥ NG, the columns past NG 0): uint8 bytes for one-byte
+    groups, else words of BPG little-endian bytes (int32, or int64 for more than 4 bytes)."""
+    g = tl.arange(0, NGP)
+    mask = row_mask[:, None] & (g < NG)[None, :]
     ptrs = row_ptrs[:, None] + (g * BPG)[None, :] * byte_stride
-    word = tl.load(ptrs, mask=row_mask[:, None], other=0).to(tl.int32)
-    if BPG > 4:
-        word = word.to(tl.int64)
-    for m in tl.static_range(1, BPG):
-        byte = tl.load(ptrs + m * byte_stride, mask=row_mask[:, None], other=0).to(word.dtype)
-        word = word | (byte << (8 * m))
+    word = tl.load(ptrs, mask=mask, other=0)
+    if BPG > 1:
+        word = word.to(tl.int32)
+        if BPG > 4:
+            word = word.to(tl.int64)
+        for m in tl.static_range(1, BPG):
+            word = word | (tl.load(ptrs + m * byte_stride, mask=mask, other=0).to(word.dtype) << (8 * m))
     return word
 
 

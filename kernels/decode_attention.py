@@ -165,14 +165,14 @@ def tq_decode_attention(
     q = query if query.stride(-1) == 1 else query.contiguous()
     q_rot = workspace.q_rot_f32 if ieee else workspace.q_rot_bf16
     _launch_perfield(q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-                     kt, vt, workspace, scale, splits, split_tokens, block_size, group,
-                     max(16, next_pow2(group)), ieee, config)  # fmt: skip
+                     kt, vt, workspace, scale, splits, split_tokens, block_size, group, ieee,
+                     config)  # fmt: skip
     return merge(workspace, splits, vt.rot_perm, out, config)
 
 
 def _launch_perfield(
     q, q_rot, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
-    kt, vt, workspace, scale, splits, split_tokens, block_size, group, gp, ieee, config,
+    kt, vt, workspace, scale, splits, split_tokens, block_size, group, ieee, config,
 ) -> None:  # fmt: skip
     """The split kernel with one dot per packed field (every width); partials in field-major order."""
     batch, num_q_heads, head_dim = q.shape
@@ -192,16 +192,22 @@ def _launch_perfield(
         ktab, vtab, block_tables, *block_tables.stride(), context_lens,
         workspace.partial_out, workspace.partial_lse,
         num_kv_heads, num_q_heads, group, workspace.capacity, split_tokens,
-        BLOCK_SIZE=block_size, D=head_dim, GP=gp, TILE=config.tile, IEEE=ieee, UPCAST=interpreting(),
-        ROTATE_Q=rotate_in_split,
+        BLOCK_SIZE=block_size, D=head_dim, GP=_dot_size(group), TILE=config.tile, IEEE=ieee,
+        UPCAST=interpreting(), ROTATE_Q=rotate_in_split,
         K_BITS=kt.bits, K_PG=kt.per_group, K_BPG=kt.bytes_per_group, K_NG=kt.num_groups,
-        K_NGP=max(16, next_pow2(kt.num_groups)), K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
+        K_NGP=_dot_size(kt.num_groups), K_LUT=k_lut, K_ASM=_asm(kt, k_lut),
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
-        V_NGP=max(16, next_pow2(vt.num_groups)), V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
+        V_NGP=_dot_size(vt.num_groups), V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
         PDL=pdl, k_step=kt.uniform_step or 1.0,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.maxnreg,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
+
+
+def _dot_size(n: int) -> int:
+    """The smallest tl.dot dimension holding n: a power of two, at least 16 (padded rows or columns are
+    masked)."""
+    return max(16, next_pow2(n))
 
 
 def _asm(tables, lut_mode: int) -> str:
