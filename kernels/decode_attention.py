@@ -199,9 +199,15 @@ def _launch_perfield(
         V_BITS=vt.bits, V_PG=vt.per_group, V_BPG=vt.bytes_per_group, V_NG=vt.num_groups,
         V_NGP=_dot_size(vt.num_groups), V_LUT=v_lut, V_ASM=_asm(vt, v_lut),
         PDL=pdl, k_step=kt.uniform_step or 1.0,
-        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.maxnreg,
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=_register_cap(vt, config),
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
+
+
+def _register_cap(value_tables, config: DecodeLaunchConfig) -> int | None:
+    """config.maxnreg, except for values of 8 fields per group (1, 3, 5 and 7 bits): their 8 accumulators
+    spill under the cap (1.5-2.5x slower on an H200: benchmarks/RESULTS.md), so the compiler chooses."""
+    return config.maxnreg if value_tables.per_group <= 4 else None
 
 
 def _dot_size(n: int) -> int:

@@ -51,7 +51,8 @@ class DecodeLaunchConfig:
     """Each split rotates its queries (one launch fewer; 16-bit queries only), instead of a separate
     rotation launch."""
     maxnreg: int | None = 96
-    """perfield kernel: register cap per thread (more programs per SM); None: the compiler's choice."""
+    """perfield kernel: register cap per thread (more programs per SM); None: the compiler's choice. Not
+    applied to values of 1, 3, 5 or 7 bits (decode_attention._register_cap)."""
     pdl: bool = True
     """Programmatic dependent launch of the split and merge kernels where the device has it (Hopper+, not
     interpreted)."""
