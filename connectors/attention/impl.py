@@ -153,15 +153,15 @@ def _flash_varlen(head_size: int):
 
 @functools.cache
 def _note_decode_speed(spec, head_size: int) -> None:
-    """One warning per codec where decode runs on the generic Triton kernel (measured 2–44× slower per byte
-    read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35)."""
+    """One warning per codec where decode runs on the Triton split kernel (measured 2–20× slower per byte read
+    than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35)."""
     from tiercache.kernels.decode_lut import LUT_WIDTHS, lut_serves
 
     if not lut_serves(spec.key_bits, spec.value_bits, head_size):
         fast = ", ".join(f"K{k}V{v}" for k, v in LUT_WIDTHS)
         _LOG.warning(
-            "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the generic Triton kernel, "
-            "measured 2-44x slower per byte read than K4V4 on an H200; the fast decode kernel serves %s at "
+            "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel, "
+            "measured 2-20x slower per byte read than K4V4 on an H200; the fast decode kernel serves %s at "
             "head_dim 128 (codec tq4 or k8v4) where decode speed matters more than quality per byte",
             spec.name, spec.key_bits, spec.value_bits, head_size, fast,
         )  # fmt: skip
