@@ -120,7 +120,7 @@ class Geometry:
 def _refuse_exact_layers(codec: KVCodecSpec, primary: bool) -> None:
     """The tiers' block layout (tiercache.layout) has one page format for all layers: exact layers' pages
     (model dtype) cannot ride next to TurboQuant ones yet."""
-    layers = list(codec.exact_layers)
+    layers = shown(list(codec.exact_layers))  # a few layers, never the whole of a long list
     if primary:
         raise ConfigError(
             f"tiercache: the connector cannot yet store primary-mode caches with codec.exact_layers "

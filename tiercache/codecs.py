@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tiercache.errors import shown
+
 # name → (key bits, value bits). None = lossless raw bytes of the model dtype. The purpose presets first,
 # chosen by quality per byte on SmolLM2 (benchmarks/quality.py's simulation, then through vLLM with
 # benchmarks/quality_backend.py: RESULTS.md, "Quality per byte against vLLM's fp8 cache").
@@ -152,10 +154,12 @@ EXACT_LAYERS_BOUND = 1 << 16  # |index| below this: more layers than any model h
 
 def _check_exact_layers(layers, key_bits: int | None, value_bits: int | None) -> None:
     if not isinstance(layers, tuple) or not all(type(i) is int for i in layers):
-        raise ValueError(f"exact_layers must be a tuple of layer indices (int), got {layers!r}")
+        raise ValueError(f"exact_layers must be a tuple of layer indices (int), got {shown(layers)}")
     bound = EXACT_LAYERS_BOUND
     if any(not -bound <= i < bound for i in layers) or len(set(layers)) < len(layers):
-        raise ValueError(f"exact_layers must be distinct indices within ±{EXACT_LAYERS_BOUND}: {layers!r}")
+        raise ValueError(
+            f"exact_layers must be distinct indices within ±{EXACT_LAYERS_BOUND}: {shown(layers)}"
+        )
     if layers and (key_bits is None or value_bits is None):
         raise ValueError("exact_layers needs TurboQuant keys and values (a lossless side is exact already)")
 

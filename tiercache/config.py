@@ -2,6 +2,7 @@
 
 Provides:
     TierCacheConfig     codec, tiers, eviction, inspect (all frozen); from_dict / from_yaml / load / to_dict
+                        (from_yaml: a file without settings — empty, only comments — is a ConfigError)
         .check_memory(bytes_per_token, …)   a tier larger than the machine → ConfigError with both numbers
         .check_blocks(capacity, layout)     a tier that holds no whole block → ConfigError naming the minimum
                                             (called where capacities are computed: layout.tier_capacities)
@@ -25,10 +26,11 @@ Shape (every key optional; see examples/tiers.yaml):
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
                                            # left out, it is max(2s, 4 × advisor_interval)
     inspect: {socket: auto, recent_requests: 128, remembered_departures: 65536}
-Every value is checked at load. An error is one line naming the key, the value (shortened to at most ~200
-characters: errors.shown) and the fix; all unknown keys of a file are reported at once, with a "did you
-mean". Files are read by config_yaml.read_yaml (bounded size, depth and alias expansion; no duplicate keys);
-the per-key checks are in config_values.py.
+Every value is checked at load, in time linear in its size. An error is one line (at most 1 KiB) naming the
+key, the value (shortened to at most ~200 characters: errors.shown; paths: errors.clipped) and the fix; all
+unknown keys of a file are reported at once, with a "did you mean". Files are read by config_yaml.read_yaml
+(regular files only; bounded size, depth and alias expansion; no duplicate keys); the per-key checks are in
+config_values.py.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from tiercache.config_values import (
     tier_size,
 )
 from tiercache.config_yaml import read_yaml
-from tiercache.errors import ConfigError, shown
+from tiercache.errors import ConfigError, clipped, shown
 from tiercache.units import Size, format_bytes
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CODEC", "POLICIES", "ROTATIONS", "EvictionConfig", "InspectConfig",
@@ -113,13 +115,19 @@ class TierCacheConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> TierCacheConfig:
-        data = read_yaml(Path(path))
-        if data is not None and not isinstance(data, dict):
+        data, name = read_yaml(Path(path)), clipped(str(path))
+        if data is None:  # an empty file, only comments, or a bare null: a mistake, never "the defaults"
             raise ConfigError(
-                f"{path}: the top level must be a mapping (codec:, tiers:, …), got {shown(data)}; "
+                f"{name}: the config file is empty (no settings, only blanks, comments or null); write the "
+                "settings, e.g. codec: k8v4 and tiers: {vram: 4GiB, dram: 8GiB} (examples/tiers.yaml), or "
+                "name no config file for the defaults"
+            )
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{name}: the top level must be a mapping (codec:, tiers:, …), got {shown(data)}; "
                 "see examples/tiers.yaml"
             )
-        return cls.from_dict(merge(data or {}, overrides or {}), source=str(path))
+        return cls.from_dict(merge(data, overrides or {}), source=name)
 
     @classmethod
     def load(

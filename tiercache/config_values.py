@@ -11,7 +11,7 @@ Provides:
     socket_value(raw, source) -> str       inspect.socket
     inspect_values(section, source) -> dict   InspectConfig's fields (socket, recent_requests, …)
     codec_spec(raw, source) -> KVCodecSpec codec: a preset or {keys, values, seed, rotation, *_codebook,
-                                           exact_layers}
+                                           exact_layers}; a null width is refused (lossless is "none")
     DEFAULT_CODEC, POLICIES, ROTATIONS, KEYS (the valid keys of each section)
 """
 
@@ -213,11 +213,13 @@ def _exact_layers(raw: Any, key_bits: int | None, value_bits: int | None, source
             raise ConfigError(
                 f"codec.exact_layers: got {shown(index)} in {shown(raw)} ({source}); expected {_EXACT_FORMS}"
             )
-    for index in raw:
-        if raw.count(index) > 1:
+    seen: set[int] = set()
+    for index in raw:  # one pass: a list of 131,072 layers is checked in milliseconds
+        if index in seen:
             raise ConfigError(
                 f"codec.exact_layers: layer {index} is listed twice in {shown(raw)} ({source}); list it once"
             )
+        seen.add(index)
     if raw and (key_bits is None or value_bits is None):
         raise ConfigError(
             f"codec.exact_layers: got {shown(raw)} ({source}) but codec.keys or codec.values is lossless "
@@ -227,7 +229,12 @@ def _exact_layers(raw: Any, key_bits: int | None, value_bits: int | None, source
 
 
 def _bits(key: str, raw: Any, source: str) -> int | None:
-    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "raw", "lossless")):
+    if raw is None:  # YAML's null (keys: null, or keys: with nothing after it) is no width, not lossless
+        raise ConfigError(
+            f"{key}: got null ({source}); expected {_BITS_FORMS}. A null or empty value is not read as "
+            f'"none": write the width, or the word none'
+        )
+    if isinstance(raw, str) and raw.lower() in ("none", "raw", "lossless"):
         return None
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 8:
         raise ConfigError(f"{key}: got {shown(raw)} ({source}); expected {_BITS_FORMS}")

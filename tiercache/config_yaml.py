@@ -2,9 +2,11 @@
 
 Provides:
     read_yaml(path) -> Any      the document of a config file; ConfigError (one line, naming the file, the
-                                key where known, and the fix) for a file that is unreadable, too large,
-                                binary, not UTF-8, not YAML, nested deeper than MAX_DEPTH, larger than
-                                MAX_NODES once aliases are expanded, or with a duplicate key
+                                key where known, and the fix) for a path that is not a regular file (a
+                                directory, a FIFO, a device: refused before it is opened), a file that is
+                                unreadable, too large, binary, not UTF-8, not YAML, nested deeper than
+                                MAX_DEPTH, larger than MAX_NODES once aliases are expanded, or with a
+                                duplicate key. An empty file reads as None (TierCacheConfig refuses it)
     MAX_FILE_BYTES (64 KiB), MAX_DEPTH (8), MAX_NODES (256)
 
 A tiercache config is a few hundred bytes, three levels deep, about 20 values. The bounds are checked while
@@ -15,13 +17,15 @@ over MAX_NODES). Integers of more than 40 digits are kept as text, so the key's 
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
-from tiercache.errors import ConfigError, shown
+from tiercache.errors import ConfigError, clipped, shown
 
 MAX_FILE_BYTES = 64 << 10
 MAX_DEPTH = 8
@@ -31,45 +35,69 @@ _TOP = "(top level)"
 
 
 def read_yaml(path: Path) -> Any:
-    text = _read_text(path)
+    name = clipped(str(path))  # the file as messages name it (a 4 KB path too)
+    text = _read_text(path, name)
     loader = None
     try:
-        loader = _BoundedLoader(text, str(path))  # the reader checks the characters here already
+        loader = _BoundedLoader(text, name)  # the reader checks the characters here already
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         text = " ".join(str(exc).replace('"<unicode string>", ', "").split())  # one line, bounded
         text = text if len(text) <= 300 else text[:299] + "…"
-        raise ConfigError(f"{path}: not valid YAML: {text}") from None
+        raise ConfigError(f"{name}: not valid YAML: {text}") from None
     except RecursionError:  # a safety net: the bounds above stop every nesting we know of first
-        raise ConfigError(f"{path}: nested too deeply to read; a tiercache config is 3 levels deep") from None
+        raise ConfigError(f"{name}: nested too deeply to read; a tiercache config is 3 levels deep") from None
     finally:
         if loader is not None:
             loader.dispose()
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, name: str) -> str:
+    if "\0" in str(path):
+        raise ConfigError(f"cannot read config file {name}: a path has no NUL character; check the path")
     try:
-        with open(path, "rb") as f:
+        _check_regular(os.stat(path).st_mode, name)  # before opening: opening a FIFO with no writer blocks
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            _check_regular(os.fstat(fd).st_mode, name)  # the path may name another file since the stat
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {shown(str(path))}: {exc.strerror or exc}") from None
+        raise ConfigError(
+            f"cannot read config file {name}: {exc.strerror or exc}; check the path, and that this process "
+            "may read the file"
+        ) from None
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(
-            f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a tiercache config is a few hundred bytes "
+            f"{name}: larger than {MAX_FILE_BYTES // 1024} KiB; a tiercache config is a few hundred bytes "
             "(examples/tiers.yaml): is this the right file?"
         )
     nul = data.find(b"\0")
     if nul >= 0:
         raise ConfigError(
-            f"{path}: a binary file (a NUL byte at offset {nul}), not a YAML config; "
+            f"{name}: a binary file (a NUL byte at offset {nul}), not a YAML config; "
             "check the path (examples/tiers.yaml shows the format)"
         )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+            f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
         ) from None
+
+
+def _check_regular(mode: int, name: str) -> None:
+    if not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"config file {name} is {_kind(mode)}, not a regular file; give the path of a tiers YAML file "
+            "(examples/tiers.yaml shows the format)"
+        )
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((what for test, what in kinds if test(mode)), "not a file")
 
 
 class _BoundedLoader(yaml.SafeLoader):

@@ -2,10 +2,14 @@
 
 Provides:
     TierCacheError        base class
-    ConfigError           a bad config value (a ValueError): names the key, the bad value, the accepted forms
+    ConfigError           a bad config value (a ValueError): names the key, the bad value, the accepted forms;
+                          its message is at most MAX_MESSAGE characters whatever it quotes (a longer one
+                          keeps its start, which names the key, and its end, which names the fix)
     PoolAllocationError   a pool could not be allocated (a MemoryError): states the size asked and available
     shown(value, limit=200) -> str   a user value as a message may quote it: a repr of at most `limit`
                                      characters, whatever its size or nesting (never the whole of a big value)
+    clipped(text, limit=200) -> str  text quoted as it is (a path, a command line): whole when short and
+                                     printable, else escaped and cut in the middle, so both ends stay
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import reprlib
 
 SHOWN_LIMIT = 200
+MAX_MESSAGE = 1024
 
 
 class TierCacheError(Exception):
@@ -21,6 +26,9 @@ class TierCacheError(Exception):
 
 class ConfigError(TierCacheError, ValueError):
     """A config value is wrong; the message names the key, the bad value and the accepted forms."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clipped(message, MAX_MESSAGE, escape=False))
 
 
 class PoolAllocationError(TierCacheError, MemoryError):
@@ -46,3 +54,12 @@ def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
         else:
             text = f"<a {type(value).__name__} that cannot be shown>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def clipped(text: str, limit: int = SHOWN_LIMIT, escape: bool = True) -> str:
+    if escape and not text.isprintable():  # a newline or a control character: shown escaped, on one line
+        text = repr(text)[1:-1]
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 3 // 5
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from tiercache.codecs import KVCodecSpec
-from tiercache.errors import ConfigError
+from tiercache.errors import ConfigError, clipped, shown
 
 from .cache_dtypes import ONE_BYTE, fitting_dtype, sizes_pages
 
@@ -54,17 +54,14 @@ def resolve(vllm_config, config) -> tuple[int, ...]:
             )
         return exact
     wanted = cache_args(config.codec, num_layers, model.get_head_size(), model.dtype)
-    flags = (
-        f"--kv-cache-dtype {wanted['kv_cache_dtype']} --kv-cache-dtype-skip-layers "
-        f"{' '.join(wanted['kv_cache_dtype_skip_layers'])} (LLM(...): kv_cache_dtype="
-        f"{wanted['kv_cache_dtype']!r}, kv_cache_dtype_skip_layers={wanted['kv_cache_dtype_skip_layers']})"
-    )
+    flags = _flags(wanted["kv_cache_dtype"], wanted["kv_cache_dtype_skip_layers"])
     if set(_indices(skipped)) != {str(i) for i in exact}:
-        named = f"codec.exact_layers {list(config.codec.exact_layers)} ({config.source})"
-        named += f" is layers {list(exact)}"
+        named = f"codec.exact_layers {shown(list(config.codec.exact_layers), 100)} ({config.source})"
+        named += f" is layers {shown(list(exact), 100)}"
+        vllm_skips = shown(list(skipped), 100)
         raise ConfigError(
             f"tiercache primary mode: {named} of this {num_layers}-layer model, but vLLM's "
-            f"--kv-cache-dtype-skip-layers is {list(skipped)}; vLLM gives exact pages only to the layers it "
+            f"--kv-cache-dtype-skip-layers is {vllm_skips}; vLLM gives exact pages only to the layers it "
             + (f"skips. Start vLLM with {flags}" if exact else "skips: drop the flag, or list its layers in "
                "codec.exact_layers")
         )  # fmt: skip
@@ -94,6 +91,16 @@ def cache_args(spec: KVCodecSpec, num_layers: int, head_size: int, model_dtype: 
     return {"kv_cache_dtype": dtype, "kv_cache_dtype_skip_layers": [str(i) for i in exact]}
 
 
+def _flags(dtype: str, skip: list[str]) -> str:
+    """The vLLM flags (and LLM(...) arguments) that give these layers exact pages, for a message: the layer
+    list cut short where a model has very many exact layers."""
+    layers = clipped(" ".join(skip), 160)
+    return (
+        f"--kv-cache-dtype {dtype} --kv-cache-dtype-skip-layers {layers} (LLM(...): kv_cache_dtype="
+        f"{dtype!r}, kv_cache_dtype_skip_layers={shown(skip, 160)})"
+    )
+
+
 def skips_layers() -> bool:
     """This vLLM has CacheConfig.kv_cache_dtype_skip_layers (0.26, 0.32, 0.33 do)."""
     from vllm.config import CacheConfig
@@ -112,7 +119,7 @@ def _indices(skipped) -> list[str]:
     for entry in skipped:
         if not str(entry).isdigit():
             raise ConfigError(
-                f"tiercache primary mode: vLLM's --kv-cache-dtype-skip-layers has {entry!r}; primary mode "
-                "takes layer indices (0, 1, …) only there, the layers of codec.exact_layers"
+                f"tiercache primary mode: vLLM's --kv-cache-dtype-skip-layers has {shown(entry, 60)}; "
+                "primary mode takes layer indices (0, 1, …) only there, the layers of codec.exact_layers"
             )
     return [str(entry) for entry in skipped]

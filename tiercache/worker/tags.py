@@ -7,6 +7,11 @@ Provides:
     SlotTags(capacities)                            {tier: slots}
         clear(tier, slots)                          bytes are about to change (a store or a move destination)
         set(tier, slots, hashes, codec_id)          these slots now hold these blocks, encoded with codec_id
+                                                    (both: IndexError, and no tag changed, when a slot is
+                                                    outside [0, slots): a negative one would wrap around
+                                                    to another slot's tag)
+        out_of_range(tier, slots) -> str | None     why not every slot is one of the tier's; None: all are
+        check(tier, slots) -> list[int]             the slots, or that IndexError
         tag(tier, slot) -> (hash, codec id) | None
         refusal(tier, slot, block_hash, codec_id) -> str | None   why the slot cannot be read as that block
         holds(tier, slots, hashes, codec_id) -> list[bool]   per slot, whether refusal would be None (one
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from tiercache.errors import shown
+
 
 class SlotTags:
     def __init__(self, capacities: Mapping[str, int]) -> None:
@@ -24,13 +31,30 @@ class SlotTags:
 
     def clear(self, tier: str, slots: Iterable[int]) -> None:
         tags = self._tags[tier]
-        for slot in slots:
+        for slot in self.check(tier, slots):
             tags[slot] = None
 
     def set(self, tier: str, slots: Iterable[int], hashes: Iterable[bytes], codec_id: str) -> None:
         tags = self._tags[tier]
-        for slot, block_hash in zip(slots, hashes, strict=True):
+        for slot, block_hash in zip(self.check(tier, slots), hashes, strict=True):
             tags[slot] = (block_hash, codec_id)
+
+    def out_of_range(self, tier: str, slots: Iterable[int]) -> str | None:
+        size = len(self._tags[tier])
+        bad = [slot for slot in slots if not 0 <= slot < size]
+        if not bad:
+            return None
+        return (
+            f"{tier} slots {shown(bad, 60)} are out of range [0, {size}) (a negative slot would wrap "
+            f"around to another slot); a plan's slots are this rank's {tier} pool indices"
+        )
+
+    def check(self, tier: str, slots: Iterable[int]) -> list[int]:
+        slots = list(slots)
+        wrong = self.out_of_range(tier, slots)
+        if wrong is not None:
+            raise IndexError(f"{wrong}: refused before any tag, checksum or byte changed")
+        return slots
 
     def tag(self, tier: str, slot: int) -> tuple[bytes, str] | None:
         return self._tags[tier][slot]

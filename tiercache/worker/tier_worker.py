@@ -43,10 +43,14 @@ Provides:
         fill_dram(items, rows, sums)   write fetched rows ([n, dram_stride] uint8) into the items' DRAM
                                        slots, record their piece checksums ([n, 2, L, 2] int64), tag them
         submit(job)                    start a TransferJob (destination tags: cleared now, set once done;
-                                       the blocks' checksums go with them)
+                                       the blocks' checksums go with them); a job with a slot outside its
+                                       pool fails before any tag, checksum or byte changes
         poll() / wait() -> list[JobResult]   finished jobs; report each to the scheduler
         checksums                      the slots' SlotChecksums (integrity.py); None (checksums=False):
                                        not computed, not checked — only to measure what they cost
+
+Slots are checked against their pool before anything is written: a store, fill_dram or store_in_place with a
+slot outside [0, slots) raises IndexError (SlotTags.check) with no tag, checksum or byte changed.
 
 codec_id: the codec the rank's blocks are encoded with; every slot's tag carries it (SlotTags). Every rank
 receives the same items and holds its own KV-head shard in the same slots (tensor parallel). A job whose
@@ -143,8 +147,11 @@ class TierWorker:
 
     # ------------------------------------------------------------------ stores and loads
     def store(self, items: Sequence[StoreItem], blocks: KVBlocks) -> None:
+        groups = _by_tier(items)
+        for tier, positions in groups.items():  # every tier's slots, before any of them is written
+            self.tags.check(tier, (items[i].slot for i in positions))
         sums = checksums_of(blocks) if self.checksums is not None else None  # [n, 2, L, 2] on the device
-        for tier, positions in _by_tier(items).items():
+        for tier, positions in groups.items():
             slots = [items[i].slot for i in positions]
             self.tags.clear(tier, slots)
             whole = len(positions) == len(items)
@@ -287,19 +294,21 @@ class TierWorker:
         """The uploads' bytes. The checksum is the block checksum of the piece sums recorded when the bytes
         were stored (of the row only when checksums are off): bytes changed since then are refused by the
         reader."""
-        out: list[tuple[torch.Tensor, tuple[int, int]] | str] = []
-        slots = [item.slot for item in items]
-        rows = self.dram.buffer[slots] if slots else self.dram.buffer[:0]  # [n, dram_stride] uint8 copy
+        wrongs = [self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id) for item in items]
+        slots = [item.slot for item, wrong in zip(items, wrongs, strict=True) if wrong is None]  # in range
+        out: list[tuple[torch.Tensor, tuple[int, int]] | str] = [f"not uploaded: {w}" for w in wrongs]
         if not slots:
             return out
+        rows = self.dram.buffer[slots]  # [n, dram_stride] uint8, a copy
         if self.checksums is not None:
             pieces = self.checksums.get(DRAM, slots)
         else:
             pieces = checksums_of(block_views(rows, self.dram.layout))
-        sums = block_checksum(pieces, self.dram.layout).tolist()
-        for item, row, pair in zip(items, rows, sums, strict=True):
-            wrong = self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id)
-            out.append(f"not uploaded: {wrong}" if wrong else (row, (pair[0], pair[1])))
+        sums = iter(zip(rows, block_checksum(pieces, self.dram.layout).tolist(), strict=True))
+        for i, wrong in enumerate(wrongs):
+            if wrong is None:
+                row, pair = next(sums)
+                out[i] = (row, (pair[0], pair[1]))
         return out
 
     def fill_dram(self, items: Sequence[RemoteItem], rows: torch.Tensor, sums: torch.Tensor) -> None:
@@ -321,12 +330,16 @@ class TierWorker:
 
     # ------------------------------------------------------------------ transfers
     def submit(self, job: TransferJob) -> None:
+        self._jobs[job.job_id] = job
+        wrong = self.tags.out_of_range(job.dst_tier, job.dst_slots)
+        if wrong is not None:  # failed before any tag or checksum changes (-1 would wrap to another slot)
+            self.engine.fail(job, f"destination check failed: {wrong}")
+            return
         self.tags.clear(job.dst_tier, job.dst_slots)
         wrong = next(
             (r for s, h in zip(job.src_slots, job.block_hashes, strict=True)
              if (r := self.tags.refusal(job.src_tier, s, h, self.codec_id))), None,
         )  # fmt: skip
-        self._jobs[job.job_id] = job
         if wrong is not None:
             self.engine.fail(job, f"source check failed: {wrong}")
             return

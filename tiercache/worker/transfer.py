@@ -13,6 +13,8 @@ Provides:
                                           from there, no further copy
         read_dram(slots) -> KVBlocks      the same as contiguous [L, n, …] tensors, in slot order
         write_dram(slots, blocks)         blocks on the VRAM device → DRAM slots (a store that went to DRAM)
+                                          (all three: IndexError for a slot outside [0, DRAM slots), before
+                                          any copy)
 
 How a batch moves (no scatter on the CPU, one DMA per run of consecutive DRAM slots):
     spill: pairs sorted by DRAM slot; GPU gather (index_select) of the VRAM blocks into a device staging
@@ -131,6 +133,7 @@ class TransferEngine:
         """DRAM blocks → device staging rows (one copy per run of consecutive slots, on the current stream):
         ([L, n, …] views over the rows, rows [n] int64 on the device: where block slots[i] is)."""
         slots = list(slots)
+        self._check_slots(DRAM, slots)
         staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
         order = sorted(range(len(slots)), key=slots.__getitem__)
         self._dma([slots[i] for i in order], staging, to_dram=False)
@@ -146,6 +149,7 @@ class TransferEngine:
     def write_dram(self, slots, blocks: KVBlocks) -> None:
         """Blocks on the VRAM device ([L, n, …]) → DRAM slots, on the current stream."""
         slots = list(slots)
+        self._check_slots(DRAM, slots)
         staging = torch.empty(len(slots), self.dram.stride, dtype=torch.uint8, device=self.device)
         for name, view in block_views(staging, self.dram.layout).tensors().items():
             view.copy_(getattr(blocks, name))
@@ -205,10 +209,14 @@ class TransferEngine:
 
     def _check(self, job: TransferJob) -> None:
         for tier_slots, pool in ((job.src_slots, job.src_tier), (job.dst_slots, job.dst_tier)):
-            limit = self.vram.num_blocks if pool == VRAM else self.dram.num_blocks
-            bad = [s for s in tier_slots if not 0 <= s < limit]
-            if bad:
-                raise IndexError(f"{pool} slots out of range [0, {limit}): {bad[:5]}")
+            self._check_slots(pool, tier_slots)
+
+    def _check_slots(self, pool: str, slots: list[int]) -> None:
+        """IndexError before any copy: a negative DRAM slot would address another slot's bytes."""
+        limit = self.vram.num_blocks if pool == VRAM else self.dram.num_blocks
+        bad = [s for s in slots if not 0 <= s < limit]
+        if bad:
+            raise IndexError(f"{pool} slots out of range [0, {limit}): {bad[:5]}")
 
     def _result(self, job: TransferJob, seconds: float, error: str | None = None) -> JobResult:
         n = len(job)
