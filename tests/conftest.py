@@ -1,7 +1,10 @@
 """Shared test setup: Triton kernels run under the interpreter on machines without CUDA; a real Redis
-(`redis_server`, one per test module that asks for it) for the remote tier's tests."""
+(`redis_server`, one per test module that asks for it) for the remote tier's tests; a line naming a test
+that has run for HEARTBEAT_S seconds, and again every HEARTBEAT_S, so a quiet run shows where it is."""
 
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -27,3 +30,40 @@ def redis_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+HEARTBEAT_S = float(os.environ.get("TIERCACHE_TEST_HEARTBEAT_S", "30"))  # 0: no heartbeat lines
+
+
+def _terminal_fd(config) -> int | None:
+    """The terminal's own stdout while pytest captures fd 1 (its saved duplicate), else fd 1; None where
+    that pytest keeps it elsewhere (then no heartbeat)."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    capturing = getattr(capman, "_global_capturing", None)
+    if capturing is None:
+        return 1
+    return getattr(getattr(capturing, "out", None), "targetfd_save", None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    fd = _terminal_fd(item.config) if HEARTBEAT_S > 0 else None
+    done = threading.Event()
+
+    def beat() -> None:
+        started, lead = time.monotonic(), "\n"  # the first line leaves the row of dots
+        while not done.wait(HEARTBEAT_S):
+            line = f"{lead}  … still running {item.nodeid} ({time.monotonic() - started:.0f} s)\n"
+            os.write(fd, line.encode())
+            lead = ""
+
+    thread = None
+    if fd is not None:
+        thread = threading.Thread(target=beat, name="test-heartbeat", daemon=True)
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join()

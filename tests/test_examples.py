@@ -81,8 +81,34 @@ def test_serve_sh_uses_vllm_serve_where_the_vllm_distribution_is_installed(tmp_p
     assert kv["kv_connector"] == "TierCacheConnector" and kv["kv_role"] == "kv_both"
     config = Path(kv["kv_connector_extra_config"]["config"])
     assert config == ROOT / "examples" / "tiers.yaml"  # absolute: serve.sh works from any directory
-    TierCacheConfig.from_yaml(config)
     assert "vllm 9.9.9" in run.stderr
+    # the example file's tiers are sized for this machine: DRAM ≤ a quarter of what is available, ≤ 8 GiB;
+    # a GPU install keeps the file's VRAM tier (GPU memory)
+    overrides = {k: v for k, v in kv["kv_connector_extra_config"].items() if k != "config"}
+    assert set(overrides) == {"tiers.dram"}, overrides
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable"))
+    loaded = TierCacheConfig.load(config, overrides)
+    assert 0 < loaded.tiers.dram.bytes <= min(8 << 30, available // 4 + (1 << 20))
+    assert loaded.tiers.vram == TierCacheConfig.from_yaml(config).tiers.vram
+
+
+def test_serve_sh_keeps_the_sizes_of_a_config_of_ones_own(tmp_path):
+    site = fake_dist(tmp_path, "vllm")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "vllm").chmod(0o755)
+    own = tmp_path / "mine.yaml"
+    own.write_text("tiers: {vram: 64MiB, dram: 128MiB}\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TIERCACHE_CONFIG": str(own)}
+    env.update(PYTHONPATH=str(site), PYTHON=sys.executable)
+    run = subprocess.run(
+        ["bash", str(SERVE), "my/model"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    extra = json.loads(run.stdout.splitlines()[3])["kv_connector_extra_config"]
+    assert extra == {"config": str(own)}
 
 
 def test_serve_sh_without_vllm_says_how_to_install_it(tmp_path):

@@ -78,29 +78,19 @@ def test_demo_refuses_bad_input_before_vllm_starts(no_vllm, args, names):
 
 
 # ---------------------------------------------------------------- scripts/setup.sh says what it does
-FAKE_PIP = '#!/bin/sh\necho "PIP $*"\n'
+# Reports each call on fd 3, which the tests point at the script's stdout: setup.sh shows pip's own output
+# only when pip fails, so the order of announcements and calls is read from one stream.
+FAKE_PIP = '#!/bin/sh\necho "PIP $*" >&3\n'
 FAKE_PYTHON = '#!/bin/sh\n[ "$1" = -c ] && exit 1\nexit 0\n'  # `python -c "import torch"`: not installed
 
 
 def test_setup_prints_a_progress_line_before_every_step(tmp_path):
     """Three silent minutes were the complaint: every install step is announced before it starts (numbered),
     and its time printed when it ends. Runs the real script on a fake .venv whose pip only echoes."""
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
-    bin_dir = tmp_path / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    for name, text in (("pip", FAKE_PIP), ("python", FAKE_PYTHON)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    (bin_dir / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
-    run = subprocess.run(
-        ["bash", str(tmp_path / "scripts" / "setup.sh"), "--with-vllm", "--with-model"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    script = fake_setup(tmp_path, FAKE_PIP)
+    env = {**os.environ, "PATH": f"{tmp_path / '.venv' / 'bin'}:/usr/bin:/bin"}
+    command = ["bash", "-c", 'exec 3>&1; exec bash "$0" --with-vllm --with-model', str(script)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     pips = [i for i, line in enumerate(lines) if line.startswith("PIP ")]
@@ -115,6 +105,47 @@ def test_setup_prints_a_progress_line_before_every_step(tmp_path):
         assert all(lines[j].startswith(("setup [", "PIP ")) for j in range(announced, pip)), lines
     assert sum(bool(re.match(r"setup \[\d/5\] done in \d+ s$", line)) for line in lines) == 4
     assert lines[-1].startswith("setup: .venv ready in ")
+
+
+def fake_setup(tmp_path: Path, pip: str) -> Path:
+    """A copy of setup.sh beside a fake .venv whose pip is `pip` (a shell script)."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "setup.sh"
+    script.write_text((ROOT / "scripts" / "setup.sh").read_text())
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("pip", pip), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
+    return script
+
+
+CONFLICTS = """ERROR: pip's dependency resolver does not currently take into account all the packages \
+that are installed. This behaviour is the source of the following dependency conflicts.
+lmcache 0.5.6 requires nvidia-cuda-runtime, which is not installed.
+lmcache 0.5.6 requires cupy-cuda12x, which is not installed.
+lmcache 0.5.6 has requirement numpy<=2.2.6, but you have numpy 2.3.5.
+"""
+
+
+def test_setup_turns_pips_expected_conflict_report_into_one_note_and_shows_a_failure_whole(tmp_path):
+    """LMCache goes in without its declared requirements, so pip lists them as conflicts in lines starting
+    with ERROR although the install worked: that becomes one note. A pip that fails is shown in full."""
+    fail = "[ \"$FAIL\" = 1 ] && echo 'no matching distribution' >&2 && exit 1"
+    pip = f"#!/bin/sh\ncat <<'EOF'\n{CONFLICTS}EOF\n{fail}\nexit 0\n"
+    script = fake_setup(tmp_path, pip)
+    env = {**os.environ, "PATH": f"{tmp_path / '.venv' / 'bin'}:/usr/bin:/bin"}
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "ERROR" not in run.stdout + run.stderr and "lmcache 0.5.6 requires" not in run.stdout
+    notes = [line for line in run.stdout.splitlines() if "note: pip reports 3 declared requirements" in line]
+    assert len(notes) == 2, run.stdout  # torch and tiercache steps, both through the fake pip
+    failed = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env={**env, "FAIL": "1"}, timeout=60
+    )
+    assert failed.returncode != 0
+    assert "no matching distribution" in failed.stderr and "lmcache 0.5.6 requires" in failed.stderr
 
 
 # ---------------------------------------------------------------- the README's demo sample is real
