@@ -3,6 +3,7 @@ geometry (so the scheduler's capacities and the worker's pools agree without tal
 
 Provides:
     load_config(vllm_config) -> TierCacheConfig   kv_connector_extra_config {"config": path, inline keys…}
+    config_from_extra(extra_config) -> TierCacheConfig   the same from the mapping alone
     primary_requested(vllm_config) -> bool        --attention-backend CUSTOM: tiercache's primary mode
     remote_model_name(vllm_config) -> str         the model's name in the remote tier's keys
     Geometry.from_vllm(vllm_config, kv_cache_config, codec_spec)   layers, KV heads per rank, head_dim,
@@ -32,10 +33,14 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def load_config(vllm_config) -> TierCacheConfig:
+    """The tiercache config of this vLLM config's kv_connector_extra_config (config_from_extra)."""
+    return config_from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
+
+
+def config_from_extra(raw) -> TierCacheConfig:
     """The tiercache config: the file named by extra_config["config"] (else $TIERCACHE_CONFIG, else
     defaults), with every other key of kv_connector_extra_config as an inline override. ConfigError (naming
     kv_connector_extra_config) when that is not a mapping or its "config" is not a path."""
-    raw = vllm_config.kv_transfer_config.kv_connector_extra_config
     if raw is not None and not isinstance(raw, Mapping):
         raise ConfigError(
             f"kv_connector_extra_config: got {shown(raw)} ({type(raw).__name__}); expected a mapping such as "

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
-from .common import Geometry, load_config, remote_model_name
+from .common import Geometry, config_from_extra, load_config, remote_model_name
 from .metadata import TierCacheMetadata, TierCacheWorkerMeta
 from .metrics import TierCachePromMetrics, TierCacheStats
 
@@ -42,6 +42,15 @@ def _guarded(what: str, cost: str, fn: Callable[..., T], *args, fallback: Callab
 
 
 class TierCacheConnector(KVConnectorBase_V1):
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """False: loads and stores run once per step, outside the layers' graphs. vLLM asks this while it
+        builds its config, before any engine process starts or weights load (where CUDA graphs are on: GPUs),
+        so the tiercache config is read and checked here too: a bad one stops `vllm serve` or `LLM(...)` at
+        once, as one ConfigError (elsewhere it is raised when the connector starts)."""
+        config_from_extra(extra_config)
+        return False
+
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         _log_with_vllm()

@@ -234,3 +234,35 @@ def test_io_timer_on_a_gpu_reports_bytes_at_once_and_seconds_once_resolved():
     later = [s for s in first[1:] + timer.take() if s.seconds > 0]
     assert len(later) == 1 and (later[0].blocks, later[0].bytes) == (0, 0) and later[0].direction == "load"
     assert timer.pending == 0
+
+
+def test_config_is_checked_when_vllm_builds_its_config_before_any_engine_starts(tmp_path):
+    """vLLM's VllmConfig asks the connector class requires_piecewise_for_cudagraph(extra_config) where CUDA
+    graphs are on, in the process that builds the config, before engine processes start or weights load: a
+    bad tiercache config fails there, as one ConfigError. Called here as vLLM calls it, on the class vLLM's
+    factory resolves."""
+    pytest.importorskip("vllm")
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from tiercache.connectors.plugin import register
+    from tiercache.errors import ConfigError
+
+    register()
+    path = tmp_path / "tiers.yaml"
+    path.write_text("codec: k8v4\ntiers: {vram: 64MiB, dram: 128MiB}\n")
+    for extra, error in (
+        ({"config": str(path)}, None),
+        ({"config": str(path), "codec": "k5v9"}, "codec"),
+        ({"config": str(tmp_path / "missing.yaml")}, "missing.yaml"),
+    ):
+        transfer = KVTransferConfig(
+            kv_connector="TierCacheConnector", kv_role="kv_both", kv_connector_extra_config=extra
+        )
+        cls = KVConnectorFactory.get_connector_class(transfer)
+        if error is None:
+            assert cls.requires_piecewise_for_cudagraph(transfer.kv_connector_extra_config) is False
+        else:
+            with pytest.raises(ConfigError, match=error) as caught:
+                cls.requires_piecewise_for_cudagraph(transfer.kv_connector_extra_config)
+            assert "\n" not in str(caught.value)
