@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import Workload
+from inspect_helpers import Workload
 
 from tiercache.inspect import (
     BlockRecord,

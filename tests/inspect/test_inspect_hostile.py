@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import Workload, ask, ask_raw, raw
+from inspect_helpers import Workload, ask, ask_raw, raw
 
 from tiercache.inspect import InspectionService, InspectionState, connect
 from tiercache.inspect.handlers import MAX_FILTER, MAX_LIMIT, handle

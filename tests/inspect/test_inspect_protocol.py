@@ -10,7 +10,7 @@ import time
 
 import msgpack
 import pytest
-from conftest import ask, ask_raw, raw
+from inspect_helpers import ask, ask_raw, raw
 
 from tiercache.inspect import InspectionService
 from tiercache.inspect.limits import ServiceLimits

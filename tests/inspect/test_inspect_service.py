@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import Workload
+from inspect_helpers import Workload
 
 from tiercache.config import InspectConfig
 from tiercache.inspect import InspectError, InspectionService, InspectionState, connect

@@ -42,10 +42,12 @@ Threads: the server thread reads only published snapshots (immutable), except `e
 one block of the manager's view and one block of the graph (under the graph's lock, with a 50 ms timeout).
 The scheduler never waits on the service, except for the microseconds an explain holds the graph's lock.
 The service cannot starve the scheduler it shares a GIL with: every request is bounded before any work,
-the service thread's CPU time is capped at a small share of wall time (3 %), clients are served fairly
-(cheapest first), idle connections close after 5 s and a frame must arrive whole within 2 s
-(ServiceLimits; benchmarks/inspect_attack.py measures it). The client checks every reply, and its timeout
-bounds each whole request.
+the service thread's CPU time is capped at a small share of wall time (3 % while the process's other threads
+run; 50 % while they are idle, so that an idle engine answers many clients in milliseconds), clients are
+served fairly (cheapest first), idle connections close after 5 s and a frame must arrive whole within 2 s
+(ServiceLimits; benchmarks/inspect_attack.py measures it). A connection with a request in progress is never
+idle; one its client closed leaves at once. The client checks its arguments before sending (InspectError
+naming the fix) and every reply after; its timeout bounds each whole request.
 In one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) `connect()` binds to the live state directly: same
 methods, same types; called from the scheduler's own thread it publishes first, so nothing recorded is
 missed.

@@ -16,39 +16,28 @@ Provides:
                                     prompt's token ids (matched by digest against the recent requests)
         blocks(tier=None, limit=100) -> tuple[BlockRecord, ...]          most recently used first
         ping() -> dict, where (socket path or "in-process"), close(); a context manager
+    (how it reaches the service: transport.py)
 Thread-safe (one request at a time per client). Over a socket, `timeout` bounds each whole request
 (connect, send, every byte of the reply), and a connection the server closed while idle (it closes idle
-ones after a few seconds) is reconnected once, within the same timeout. Replies are checked: anything
-malformed raises InspectError (results.py), never a TypeError or AttributeError.
+ones after a few seconds) is reconnected once, within the same timeout; a connection the server refused
+(too many clients) raises InspectError with the server's reason. Arguments are checked before anything is
+sent (params.py, the service's own checks) and replies after (results.py): a bad argument, an error reply
+or a malformed reply raises InspectError naming what to do, never a TypeError, UnicodeEncodeError or
+OverflowError.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import struct
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tiercache.errors import shown
+from tiercache.inspect import params as check
 from tiercache.inspect import paths
-from tiercache.inspect.handlers import handle
-from tiercache.inspect.protocol import (
-    MAX_REQUEST_BYTES,
-    MAX_RESPONSE_BYTES,
-    PROTOCOL_VERSION,
-    InspectError,
-    ProtocolError,
-    pack_frame,
-    recv_frame,
-    send_frame,
-    unpack_body,
-    unpack_request,
-)
-from tiercache.inspect.request_log import prompt_digest
+from tiercache.inspect.protocol import PROTOCOL_VERSION, InspectError
 from tiercache.inspect.results import (
     BlockRecord,
     Decision,
@@ -59,102 +48,23 @@ from tiercache.inspect.results import (
     expect_list,
     expect_map,
 )
+from tiercache.inspect.shapes import RequestError
 from tiercache.inspect.state import InspectionState, live_states
+from tiercache.inspect.transport import MAX_TIMEOUT, LocalTransport, SocketTransport
 
 
-class SocketTransport:
-    def __init__(self, path: Path, timeout: float) -> None:
-        self.path, self.timeout = path, timeout
-        self._sock: socket.socket | None = None
-
-    @property
-    def where(self) -> str:
-        return str(self.path)
-
-    def call(self, request: dict[str, Any]) -> Any:
-        deadline = time.monotonic() + self.timeout
-        for attempt in (0, 1):
-            reused = self._sock is not None
-            try:
-                sock = self._connect(deadline)
-                send_frame(sock, request, MAX_REQUEST_BYTES, deadline)
-                return recv_frame(sock, MAX_RESPONSE_BYTES, deadline)
-            except TimeoutError:
-                self.close()
-                raise InspectError(
-                    f"inspection request to {self.path} got no whole reply within {self.timeout:g}s; the "
-                    "engine may be busy: retry, or raise the timeout (connect(timeout=…), inspect --timeout)"
-                ) from None
-            except (OSError, ProtocolError) as exc:
-                self.close()
-                if attempt or not (reused and _closed_by_peer(exc)):
-                    raise InspectError(
-                        f"inspection request to {self.path} failed ({shown(str(exc), 200)}); is the engine "
-                        "still running? Check the socket path (tiercache inspect --socket PATH)"
-                    ) from None
-        raise AssertionError("unreachable")
-
-    def _connect(self, deadline: float) -> socket.socket:
-        """A blocking connect bounded by SO_SNDTIMEO: while the service's listen backlog is full (it is busy),
-        the kernel queues this connect until there is room or the deadline passes (a connect with a Python
-        timeout would fail at once with EAGAIN)."""
-        if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                left = max(deadline - time.monotonic(), 1e-3)
-                sock.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(left), int(left % 1 * 1e6))
-                )
-                sock.connect(str(self.path))
-            except BlockingIOError:
-                sock.close()
-                raise TimeoutError("connect timed out: the service's backlog stayed full") from None
-            except OSError:
-                sock.close()
-                raise
-            self._sock = sock
-        return self._sock
-
-    def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
+def _checked(method: str, checks: Callable[[], Any]) -> Any:
+    """checks() (params.py), its RequestError raised as InspectError: nothing is sent."""
+    try:
+        return checks()
+    except RequestError as exc:
+        raise InspectError(f"{method}: {exc}") from None
 
 
 def _clip(text: str, limit: int = 1000) -> str:
     """A server's error text as one line of at most `limit` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _closed_by_peer(exc: BaseException) -> bool:
-    """The server closed the connection before any byte of the reply (an idle one): worth one reconnect."""
-    if isinstance(exc, BrokenPipeError | ConnectionResetError):
-        return True
-    return isinstance(exc, ProtocolError) and "closed after 0 of 4 bytes" in str(exc)
-
-
-class LocalTransport:
-    """Calls the service's handlers directly, through a msgpack round trip so that answers are the same
-    plain data as over the socket. On the thread that records (the scheduler's), it publishes a fresh
-    snapshot first, so a single-process script sees everything up to its last step."""
-
-    where = "in-process"
-
-    def __init__(self, state: InspectionState) -> None:
-        self.state = state
-
-    def call(self, request: dict[str, Any]) -> Any:
-        state = self.state
-        if state.view is not None and state.owner_thread == threading.get_ident():
-            state.publish(state.view, force=True)
-        body = pack_frame(request, MAX_REQUEST_BYTES)[4:]
-        reply = handle(state, unpack_request(body))  # the socket's bounds, so both answer alike
-        return unpack_body(pack_frame(reply, MAX_RESPONSE_BYTES)[4:])
-
-    def close(self) -> None:
-        pass
 
 
 class InspectClient:
@@ -203,26 +113,30 @@ class InspectClient:
         return self._parsed("tiers", lambda r: tuple(map(TierStats.from_dict, expect_list(r, "tiers"))))
 
     def decisions(self, limit: int = 50, kinds: list[str] | None = None) -> tuple[Decision, ...]:
-        kinds = list(kinds) if kinds is not None else None
+        if kinds is not None and not isinstance(kinds, str | bytes) and hasattr(kinds, "__len__"):
+            kinds = list(kinds)  # a tuple or a set is fine; a lone string is not a list of kinds
+        _checked("decisions", lambda: (check.limit(limit, 50), check.kinds(kinds)))
         rows = lambda r: tuple(map(Decision.from_dict, expect_list(r, "decisions")))
         return self._parsed("decisions", rows, limit=limit, kinds=kinds)
 
     def explain(self, block_hash: bytes | str) -> Explanation:
+        if isinstance(block_hash, bytearray | memoryview):
+            block_hash = bytes(block_hash)
+        _checked("explain", lambda: check.block_hash(block_hash))
         return self._parsed("explain", Explanation.from_dict, block_hash=block_hash)
 
     def explain_request(
         self, request_id: str | None = None, prompt_tokens: list[int] | None = None
     ) -> RequestExplanation:
-        if (request_id is None) == (prompt_tokens is None):
-            raise InspectError(
-                "explain_request: pass request_id or prompt_tokens (the prompt's token ids), one"
-            )
-        if request_id is not None:
-            return self._parsed("explain_request", RequestExplanation.from_dict, request_id=str(request_id))
-        digest = prompt_digest(list(prompt_tokens))
-        return self._parsed("explain_request", RequestExplanation.from_dict, prompt_digest=digest)
+        if prompt_tokens is not None and request_id is None:
+            digest = _checked("explain_request", lambda: check.digest_of(prompt_tokens))
+            return self._parsed("explain_request", RequestExplanation.from_dict, prompt_digest=digest)
+        both = b"" if prompt_tokens is not None else None  # both given, or neither: request_key says so
+        _checked("explain_request", lambda: check.request_key(request_id, both))
+        return self._parsed("explain_request", RequestExplanation.from_dict, request_id=request_id)
 
     def blocks(self, tier: str | None = None, limit: int = 100) -> tuple[BlockRecord, ...]:
+        _checked("blocks", lambda: (check.tier(tier), check.limit(limit, 100)))
         rows = lambda r: tuple(map(BlockRecord.from_dict, expect_list(r, "blocks")))
         return self._parsed("blocks", rows, tier=tier, limit=limit)
 
@@ -248,8 +162,9 @@ def connect(
 ) -> InspectClient:
     if state is not None:
         return InspectClient(LocalTransport(state))
+    timeout = _timeout(timeout)
     if path is not None:
-        return _socket_client(Path(path).expanduser(), timeout)
+        return _socket_client(_path(path), timeout)
     if in_process is not False:
         states = live_states()
         if in_process and not states:
@@ -269,6 +184,30 @@ def connect(
             "or tiercache inspect --socket PATH"
         )
     return _socket_client(found, timeout)
+
+
+def _timeout(timeout: Any) -> float:
+    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if not (number and 0 < timeout <= MAX_TIMEOUT):  # NaN compares false; a huge int compares fine
+        raise InspectError(
+            f"connect: timeout: expected seconds for each whole request, a number > 0 and ≤ {MAX_TIMEOUT:g} "
+            f"(e.g. timeout=5), got {shown(timeout, 60)}"
+        )
+    return float(timeout)
+
+
+def _path(path: Any) -> Path:
+    try:
+        path = Path(os.fsdecode(path)).expanduser()
+        os.fsencode(path)  # a lone surrogate that the file system's encoding cannot hold
+        if "\0" in str(path):
+            raise ValueError("embedded null character")
+        return path
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InspectError(
+            f"connect: path: expected the inspection socket's path (a str or os.PathLike; `tiercache inspect "
+            f"--list` shows the live ones), got {shown(path, 80)} ({type(exc).__name__})"
+        ) from None
 
 
 def _socket_client(path: Path, timeout: float) -> InspectClient:

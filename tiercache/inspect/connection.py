@@ -7,20 +7,29 @@ Provides:
         .next_request(now) -> bytes | None   one whole frame body (ProtocolError: a length over the limit)
         .queue(reply, now, close=False)   a reply frame to send (close: then the connection ends)
         .flush(now)                one send of what is queued
+        .unread() -> int           bytes the peer sent that the service has not read yet (kernel buffer)
+        .idle(now, after) -> bool  nothing in progress for `after` s: no byte received and unanswered (in
+                                   the service's buffer or the kernel's), no reply owed
+        .stalled(now, after) -> bool   a frame begun `after` s ago whose rest has not arrived (a slow or
+                                   dripping sender; not one whose rest waits unread in the kernel's buffer)
         .overdue(now, limits) -> "drop" | "incomplete" | None   what its deadlines say (ServiceLimits):
-                                   a reply not taken, a frame not whole, or idle for too long
-        .quiet / .has_request / .wants_answer / .done   no request in progress / a whole request buffered /
+                                   a reply not taken, a frame not whole (stalled), or idle for too long
+        .quiet / .has_request / .wants_answer / .done   nothing buffered or owed / a whole request buffered /
                                    one to answer now / to close (everything sent)
-    make_room(conns, now, limits) -> Connection | None   the one to close for a newcomer when all places are
-                                   taken: the longest idle, else the longest sending one frame (evict_after)
     encode_reply(reply, log) -> bytes   the reply's frame; one too large → "ask for fewer", one that cannot
                                    be encoded (a bug, logged) → "internal error"
+
+Idle is judged from the kernel's side too: a request that has arrived but waits its turn (the service serves
+one request per connection per turn, and pauses when over its CPU share) is a request in progress.
 """
 
 from __future__ import annotations
 
+import fcntl
 import socket
-from collections.abc import Callable, Iterable
+import struct
+import termios
+from collections.abc import Callable
 from typing import Any
 
 from tiercache.inspect.limits import ServiceLimits
@@ -31,6 +40,8 @@ from tiercache.inspect.protocol import (
     ProtocolError,
     pack_frame,
 )
+
+_INT = struct.Struct("i")
 
 
 class Connection:
@@ -48,7 +59,7 @@ class Connection:
 
     @property
     def quiet(self) -> bool:
-        """No request in progress either way."""
+        """Nothing buffered either way (the kernel's buffer aside: see idle())."""
         return not self.outbuf and not self.inbuf.pending and not self.closing
 
     @property
@@ -92,24 +103,26 @@ class Connection:
             if not self.outbuf:
                 self.send_since = None
 
+    def unread(self) -> int:
+        try:
+            return _INT.unpack(fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, bytes(_INT.size)))[0]
+        except (OSError, ValueError):  # closed meanwhile
+            return 0
+
+    def idle(self, now: float, after: float) -> bool:
+        return self.quiet and now - self.last >= after and not self.unread()  # the syscall last
+
+    def stalled(self, now: float, after: float) -> bool:
+        begun = self.frame_since is not None and now - self.frame_since >= after
+        return begun and self.unread() < self.inbuf.missing
+
     def overdue(self, now: float, limits: ServiceLimits) -> str | None:
         if self.outbuf:
             late = now - (self.send_since or now) > limits.request_timeout
             return "drop" if late else None  # the peer does not take its reply
-        if self.frame_since is not None and now - self.frame_since > limits.request_timeout:
+        if self.stalled(now, limits.request_timeout):
             return "incomplete"
-        if not self.inbuf.pending and now - self.last > limits.idle_timeout:
-            return "drop"
-        return None
-
-
-def make_room(conns: Iterable[Connection], now: float, limits: ServiceLimits) -> Connection | None:
-    conns = list(conns)
-    idle = [c for c in conns if c.quiet and now - c.last >= limits.evict_after]
-    if idle:
-        return min(idle, key=lambda c: c.last)
-    slow = [c for c in conns if c.frame_since is not None and now - c.frame_since >= limits.evict_after]
-    return min(slow, key=lambda c: c.frame_since or now) if slow else None
+        return "drop" if self.idle(now, limits.idle_timeout) else None
 
 
 def encode_reply(reply: Any, log: Callable[[str], None]) -> bytes:

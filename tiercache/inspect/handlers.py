@@ -3,8 +3,8 @@
 Provides:
     METHODS                              name → handler(state, params) -> result (plain, msgpack-able data)
     handle(state, request) -> dict       {"ok": True, "result": …} or {"ok": False, "error": "…"}; no raise
-    MAX_LIMIT (1000), MAX_FILTER (16), MAX_HASH_BYTES (64)   bounds of `limit`, of a `kinds` filter and of
-                                         a block hash, checked before any work
+    MAX_LIMIT, MAX_FILTER                the bounds of `limit` and of a `kinds` filter (params.py checks every
+                                         parameter before any work; the client runs the same checks)
 
 Every answer except `explain` and `explain_request` comes from the state's published Snapshot (immutable).
 `explain` also does point reads of live state (see explain.py): one block of the manager's view (read
@@ -25,19 +25,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tiercache.errors import shown
+from tiercache.inspect import params as check
 from tiercache.inspect.explain import explain
+from tiercache.inspect.params import MAX_FILTER, MAX_LIMIT
 from tiercache.inspect.protocol import PROTOCOL_VERSION
 from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
-from tiercache.inspect.state import DECISION_KINDS, InspectionState, Snapshot
+from tiercache.inspect.state import InspectionState, Snapshot
 from tiercache.inspect.why import explain_request
 from tiercache.wire import TIERS
 
 logger = logging.getLogger(__name__)
-MAX_LIMIT = 1000
-MAX_FILTER = 16
-MAX_HASH_BYTES = 64
-MAX_ID_CHARS = 512
-DIGEST_BYTES = 16
 SLICE = 64
 
 
@@ -83,34 +80,6 @@ def _snapshot(state: InspectionState) -> Snapshot:
             "to vLLM and ask again"
         )
     return snap
-
-
-def _int(params: dict, key: str, default: int, lo: int = 0, hi: int = MAX_LIMIT) -> int:
-    value = params.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise RequestError(f"{key}: expected an integer {lo}..{hi}, got {shown(value, 60)}")
-    return value
-
-
-def _tier(params: dict) -> str | None:
-    tier = params.get("tier")
-    if tier is not None and (not isinstance(tier, str) or tier not in TIERS):
-        valid = ", ".join(TIERS)
-        raise RequestError(f"tier: expected one of {valid} (or none for all), got {shown(tier, 60)}")
-    return tier
-
-
-def _kinds(params: dict) -> frozenset[str] | None:
-    kinds = params.get("kinds")
-    if kinds is None:
-        return None
-    sized = isinstance(kinds, list) and len(kinds) <= MAX_FILTER  # the size first: no work on a long one
-    if not sized or not all(isinstance(k, str) and k in DECISION_KINDS for k in kinds):
-        expected = f"a list of at most {MAX_FILTER} of {', '.join(DECISION_KINDS)}"
-        raise RequestError(f"kinds: expected {expected}, got {shown(kinds, 80)}")
-    return frozenset(kinds)
 
 
 def _sliced(items: Iterable, convert: Callable[[Any], Any], limit: int) -> list:
@@ -193,14 +162,14 @@ def _stats(state: InspectionState, params: dict) -> dict[str, Any]:
 
 
 def _decisions(state: InspectionState, params: dict) -> list[dict[str, Any]]:
-    limit, kinds = _int(params, "limit", 50), _kinds(params)
+    limit, kinds = check.limit(params.get("limit"), 50), check.kinds(params.get("kinds"))
     snap = _snapshot(state)
     rows = (e for e in reversed(snap.decisions) if kinds is None or e.kind in kinds)
     return _sliced(rows, lambda e: decision_dict(e, snap), limit)
 
 
 def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
-    tier, limit = _tier(params), _int(params, "limit", 100)
+    tier, limit = check.tier(params.get("tier")), check.limit(params.get("limit"), 100)
     snap = _snapshot(state)
     blocks = [b for t in TIERS if tier in (None, t) for b in snap.blocks[t]]
     blocks.sort(key=lambda b: -b.last_access)
@@ -208,38 +177,13 @@ def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
 
 
 def _explain(state: InspectionState, params: dict) -> dict[str, Any]:
-    key = _block_hash(params.get("block_hash"))
+    key = check.block_hash(params.get("block_hash"))
     return explain(state.view, _snapshot(state), key)
 
 
-def _block_hash(raw: Any) -> bytes | str:
-    """bytes as given; a str as hex (possibly a prefix, resolved by explain)."""
-    if isinstance(raw, bytes) and 0 < len(raw) <= MAX_HASH_BYTES:
-        return raw
-    if isinstance(raw, str) and len(raw) <= 2 * MAX_HASH_BYTES + 4:
-        text = raw.strip().lower().removeprefix("0x")
-        if text and all(ch in "0123456789abcdef" for ch in text):
-            return text
-    raise RequestError(
-        f"block_hash: expected bytes or a hex string of at most {MAX_HASH_BYTES} bytes (a prefix is fine), "
-        f"got {shown(raw, 80)}"
-    )
-
-
 def _explain_request(state: InspectionState, params: dict) -> dict[str, Any]:
-    request_id, digest = params.get("request_id"), params.get("prompt_digest")
-    if (request_id is None) == (digest is None):
-        raise RequestError("explain_request: give exactly one of request_id (str) or prompt_digest (bytes)")
-    if request_id is not None and not (isinstance(request_id, str) and 0 < len(request_id) <= MAX_ID_CHARS):
-        raise RequestError(
-            f"request_id: expected a string of 1..{MAX_ID_CHARS} characters, got {shown(request_id, 80)}"
-        )
-    if digest is not None and not (isinstance(digest, bytes) and len(digest) == DIGEST_BYTES):
-        raise RequestError(
-            f"prompt_digest: expected {DIGEST_BYTES} bytes (inspect.request_log.prompt_digest of token ids), "
-            f"got {shown(digest, 80)}"
-        )
-    return explain_request(state, _snapshot(state), request_id if request_id is not None else digest)
+    key = check.request_key(params.get("request_id"), params.get("prompt_digest"))
+    return explain_request(state, _snapshot(state), key)
 
 
 METHODS = {
@@ -251,4 +195,4 @@ METHODS = {
     "explain": _explain,
     "explain_request": _explain_request,
 }
-__all__ = ["METHODS", "handle"]
+__all__ = ["MAX_FILTER", "MAX_LIMIT", "METHODS", "handle"]

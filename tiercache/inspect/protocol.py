@@ -15,7 +15,8 @@ Provides:
                                                garbage collector on the engine's time), an array or map of
                                                more than MAX_REQUEST_ITEMS, nesting deeper than
                                                MAX_REQUEST_DEPTH → ProtocolError
-    FrameBuffer(max_bytes)                     incremental reader for the server: feed(data), next_frame()
+    FrameBuffer(max_bytes)                     incremental reader for the server: feed(data), next_frame(),
+                                               .pending (bytes buffered), .partial, .missing (bytes owed)
     send_frame(sock, obj, max_bytes, deadline=None) / recv_frame(sock, max_bytes, deadline=None)
                                                blocking helpers for the client; `deadline` (time.monotonic())
                                                bounds the whole frame, not each recv
@@ -141,6 +142,15 @@ class FrameBuffer:
             return True
         length = HEADER.unpack_from(self._buf)[0]
         return length <= self.max_bytes and len(self._buf) < HEADER.size + length
+
+    @property
+    def missing(self) -> int:
+        """Bytes the sender still owes for the first frame buffered: 0 when none is started or it is whole (or
+        its length prefix is over the limit); while the header itself is not whole, what completes it."""
+        if len(self._buf) < HEADER.size:
+            return HEADER.size - len(self._buf) if self._buf else 0
+        length = HEADER.unpack_from(self._buf)[0]
+        return max(HEADER.size + length - len(self._buf), 0) if length <= self.max_bytes else 0
 
     def next_frame(self) -> bytes | None:
         if len(self._buf) < HEADER.size:

@@ -16,9 +16,11 @@ scheduler never waits for a request.
 Every malformed request gets an error reply: a bad body (not msgpack, too large, too deep, wrong types,
 unknown method) keeps the connection usable; a length prefix over MAX_REQUEST_BYTES, or a frame not whole
 within `request_timeout`, gets the error and then the close (the stream cannot be resynchronized). A
-connection idle for `idle_timeout` is closed silently (clients reconnect). Peers of another user
-(SO_PEERCRED; root excepted) are refused; one client process may hold `max_per_client` connections; when
-`max_connections` are open, the longest-idle one (or one sending a frame for `evict_after` s) makes room.
+connection is idle while nothing it sent waits unanswered (in the service's buffer or still in the kernel's)
+and no reply is owed; idle for `idle_timeout`, it is closed silently (clients reconnect). Peers of another
+user (SO_PEERCRED; root excepted) are refused; one client process may hold `max_per_client` connections;
+when `max_connections` are open, one idle for `evict_after` s makes room, else one stalled mid-frame as long,
+else the newcomer is refused (admission.py); connections whose client has closed never count.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from multiprocessing import util as mp_util
 from pathlib import Path
 
 from tiercache.inspect import listener
-from tiercache.inspect.connection import Connection, encode_reply, make_room
+from tiercache.inspect.admission import admit
+from tiercache.inspect.connection import Connection, encode_reply
 from tiercache.inspect.handlers import handle
 from tiercache.inspect.limits import CpuBudget, ServiceLimits
 from tiercache.inspect.paths import auto_socket_path, clear_pointer, write_pointer
@@ -64,7 +67,7 @@ class InspectionService:
         self._stop = threading.Event()
         self._conns: dict[int, Connection] = {}
         self._ready: set[Connection] = set()  # a whole request buffered, nothing owed: no event needed
-        self._budget = CpuBudget(self.limits.cpu_share, self.limits.cpu_burst)
+        self._budget = CpuBudget(self.limits.cpu_share, self.limits.cpu_burst, self.limits.idle_cpu_share)
         self._cpu_mark = 0.0
         self._accept_cpu = 0.0  # CPU time spent accepting (its place in the fair order, like a connection's)
         self._clock = 0.0  # fair clock: the least CPU time any ready client had cost (monotonic)
@@ -127,9 +130,9 @@ class InspectionService:
         self._cpu_mark = time.thread_time()
         try:
             while not self._stop.is_set():
-                pause = self._budget.pause()
-                if pause > 0:  # over the CPU share: read, accept and answer nothing until it refills
-                    self._stop.wait(min(pause, 0.25))
+                rest = self._budget.rest()
+                if rest > 0:  # over the CPU share: read, accept and answer nothing until it refills
+                    self._stop.wait(min(rest, 0.25))
                     self._reap(time.monotonic())
                     continue
                 events = self._sel.select(timeout=0 if self._ready else 0.25)
@@ -209,22 +212,12 @@ class InspectionService:
         return self._spend()
 
     def _admit(self, pid: int | None, now: float) -> str | None:
-        """None to serve a new connection of process `pid`, else why not (sent to it before the close). A
-        newcomer may take the place of the longest-idle connection, or of one that has been sending one
-        frame for evict_after seconds."""
-        limits, conns = self.limits, self._conns.values()
-        if pid is not None and sum(c.pid == pid for c in conns) >= limits.max_per_client:
-            return (
-                f"too many inspection connections from process {pid} ({limits.max_per_client}); reuse "
-                "one (an InspectClient is thread-safe) or close some"
-            )
-        if len(conns) < limits.max_connections:
-            return None
-        victim = make_room(conns, now, limits)
-        if victim is None:
-            return f"too many inspection clients ({limits.max_connections}), all busy; retry in a moment"
-        self._drop(victim)
-        return None
+        """None to serve a new connection of process `pid`, else why not (sent to it before the close); the
+        connections admission.admit says leave (closed by their peer, or idle to make room) are closed."""
+        refusal, leaving = admit(list(self._conns.values()), pid, now, self.limits)
+        for conn in leaving:
+            self._drop(conn)
+        return refusal
 
     def _service_safely(self, conn: Connection, mask: int) -> None:
         try:
