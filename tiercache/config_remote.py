@@ -2,17 +2,27 @@
 
 Provides:
     RemoteConfig        url, timeout (s), write ("all" | "reused"), queue_blocks, adapter (LMCache L2 adapter
-                        settings: {type: …, …}); .adapter_settings() -> (type, settings) for LMCache
+                        settings: {type: …, …}), secret (RemoteSecret | None: the key of the values' MAC);
+                        .adapter_settings() -> (type, settings) for LMCache
     remote_config(raw, source) -> RemoteConfig | None     None when tiers.remote is left out or null
     REMOTE_KEYS, WRITE_POLICIES, URL_SCHEMES, INSTALL_HINT
 
 Shape:
     tiers:
-      remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256}
+      remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256,
+               secret: {env: TIERCACHE_REMOTE_SECRET}}
     or, for any other LMCache L2 backend (Mooncake, S3, Valkey cluster, file systems), its own settings:
       remote: {adapter: {type: mooncake_store, …}, timeout: 200ms}
 url and adapter are exclusive; one of them is required. The remote tier needs LMCache: a config with
 tiers.remote where lmcache is not installed is a ConfigError naming the install command.
+
+Every setting is checked here, against what LMCache's adapter accepts (remote/settings.py), so that no value
+loads that leaves the store down for good: the URL's host is a DNS name or an IPv4 address (LMCache's RESP
+client connects over IPv4 only) and its port 1..65535; an adapter's type is one LMCache has, its module
+imports here, its settings pass our bounds (num_workers 1..256, …) and its config class's own from_dict.
+secret ({env: NAME} or {file: PATH}, remote/secret.py) is read here: a missing or short one is a ConfigError;
+the key itself never appears in a message, a repr or to_dict. Messages quote values shortened (≤ 80
+characters, a URL's password as ***) and name the key and the fix, so that each stays well under 1 KB.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiercache.errors import ConfigError, shown
+from tiercache.remote.secret import RemoteSecret, read_secret
+from tiercache.remote.settings import check_adapter, host_problem
 from tiercache.units import DURATION_FORMS, parse_duration
 
-REMOTE_KEYS = ("url", "adapter", "timeout", "write", "queue_blocks")
+REMOTE_KEYS = ("url", "adapter", "timeout", "write", "queue_blocks", "secret")
 WRITE_POLICIES = ("all", "reused")  # which blocks evicted from DRAM go up: every one, or those loaded once
 URL_SCHEMES = ("redis", "valkey")  # both speak RESP: LMCache's "resp" L2 adapter
 INSTALL_HINT = 'pip install "tiercache[remote]"'
@@ -44,6 +56,8 @@ class RemoteConfig:
     # this is a miss / a failed write
     write: str = "all"
     queue_blocks: int = 256  # the write-behind queue's bound: blocks waiting for the store; more are dropped
+    secret: RemoteSecret | None = None  # the key of every value's MAC; None: values carry none, and anyone
+    # who can write the store can change what the engines serve
 
     def adapter_settings(self) -> tuple[str, dict[str, Any]]:
         """(LMCache L2 adapter type, its settings) for this config."""
@@ -62,6 +76,8 @@ class RemoteConfig:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url} if self.url is not None else {"adapter": dict(self.adapter)}
         out.update(timeout=self.timeout, write=self.write, queue_blocks=self.queue_blocks)
+        if self.secret is not None:
+            out["secret"] = self.secret.to_dict()  # where it is read from, never the key
         return out
 
 
@@ -69,11 +85,13 @@ def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) 
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise ConfigError(f"tiers.remote: got {shown(raw)} ({source}); expected a mapping such as {_EXAMPLE}")
+        raise ConfigError(
+            f"tiers.remote: got {_short(raw)} ({source}); expected a mapping such as {_EXAMPLE}"
+        )
     unknown = [k for k in raw if k not in REMOTE_KEYS]
     if unknown:
         raise ConfigError(
-            f"tiers.remote: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:8])} ({source}); "
+            f"tiers.remote: unknown key(s) {', '.join(_short(k, 40) for k in unknown[:8])} ({source}); "
             f"valid keys: {', '.join(REMOTE_KEYS)}"
         )
     if lmcache_installed is None:
@@ -91,32 +109,33 @@ def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) 
         )
     return RemoteConfig(
         url=_url(url, source) if url is not None else None,
-        adapter=_adapter(adapter, source) if adapter is not None else {},
+        adapter=check_adapter(adapter, source) if adapter is not None else {},
         timeout=_timeout(raw.get("timeout", 0.05), source),
         write=_write(raw.get("write", "all"), source),
         queue_blocks=_queue_blocks(raw.get("queue_blocks", 256), source),
+        secret=_secret(raw["secret"], source) if raw.get("secret") is not None else None,
     )
 
 
 def _url(raw: Any, source: str) -> str:
-    m = _URL_RE.match(raw) if isinstance(raw, str) else None
+    plain = (
+        isinstance(raw, str) and raw.isprintable() and " " not in raw
+    )  # no space, NUL or control character
+    m = _URL_RE.match(raw) if plain else None
     if m is None or m["scheme"] not in URL_SCHEMES or not 0 < int(m["port"] or 6379) < 65536:
+        why = "" if plain or not isinstance(raw, str) else ": a URL has no space or control character"
         raise ConfigError(
-            f"tiers.remote.url: got {shown(raw)} ({source}); expected redis://host:port or "
-            "valkey://host:port (optionally user:password@ before the host), e.g. redis://127.0.0.1:6379; "
-            "for another LMCache backend set tiers.remote.adapter instead"
+            f"tiers.remote.url: got {_short(_redacted(raw))} ({source}){why}; expected redis://host:port or "
+            "valkey://host:port (optionally user:password@ before the host; port 1..65535), e.g. "
+            "redis://127.0.0.1:6379; for another LMCache backend set tiers.remote.adapter instead"
+        )
+    why = host_problem(m["host"].strip("[]"), ipv6=False)
+    if why is not None:
+        raise ConfigError(
+            f"tiers.remote.url: host {_short(m['host'])} ({source}): {why}; expected a DNS name or an IPv4 "
+            "address, e.g. redis://127.0.0.1:6379 or redis://cache.internal:6379"
         )
     return raw
-
-
-def _adapter(raw: Any, source: str) -> dict[str, Any]:
-    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str) or not raw["type"]:
-        raise ConfigError(
-            f"tiers.remote.adapter: got {shown(raw)} ({source}); expected an LMCache L2 adapter's settings "
-            "with its type, e.g. {type: resp, host: 127.0.0.1, port: 6379} (types: resp, mooncake_store, "
-            "s3, valkey, fs, …)"
-        )
-    return dict(raw)
 
 
 def _timeout(raw: Any, source: str) -> float:
@@ -126,7 +145,7 @@ def _timeout(raw: Any, source: str) -> float:
         raise ConfigError(f"tiers.remote.timeout: {exc} ({source})") from None
     if not 0 < seconds <= MAX_TIMEOUT:
         raise ConfigError(
-            f"tiers.remote.timeout: got {shown(raw)} ({source}); expected a duration in "
+            f"tiers.remote.timeout: got {_short(raw)} ({source}); expected a duration in "
             f"(0, {MAX_TIMEOUT:g}s], "
             f"{DURATION_FORMS}: how long a lookup or load may wait before the block is recomputed (e.g. 50ms)"
         )
@@ -136,7 +155,7 @@ def _timeout(raw: Any, source: str) -> float:
 def _write(raw: Any, source: str) -> str:
     if raw not in WRITE_POLICIES:
         raise ConfigError(
-            f"tiers.remote.write: got {shown(raw)} ({source}); expected all (every block evicted from DRAM "
+            f"tiers.remote.write: got {_short(raw)} ({source}); expected all (every block evicted from DRAM "
             "goes to the remote store) or reused (only blocks that were loaded at least once)"
         )
     return raw
@@ -145,8 +164,25 @@ def _write(raw: Any, source: str) -> str:
 def _queue_blocks(raw: Any, source: str) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_QUEUE_BLOCKS:
         raise ConfigError(
-            f"tiers.remote.queue_blocks: got {shown(raw)} ({source}); expected an integer "
+            f"tiers.remote.queue_blocks: got {_short(raw)} ({source}); expected an integer "
             f"1..{MAX_QUEUE_BLOCKS:,}: the blocks that may wait for the remote store before further writes "
             "are dropped"
         )
     return raw
+
+
+def _secret(raw: Any, source: str) -> RemoteSecret:
+    try:
+        return read_secret(raw)
+    except ValueError as exc:  # its message names the key and the fix, never the secret
+        raise ConfigError(f"{exc} ({source})") from None
+
+
+def _redacted(url: Any) -> Any:
+    """A URL as a message may quote it: its password replaced by ***."""
+    return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url) if isinstance(url, str) else url
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """A value as a message quotes it: a repr of at most `limit` characters, control characters escaped."""
+    return shown(value, limit)

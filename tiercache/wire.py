@@ -14,8 +14,9 @@ Provides:
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
     IoSample                one rank's timed copy between vLLM's cache and the tiers: direction ("load" |
                             "store"), blocks, bytes, seconds
-    RemoteCount             one rank's remote-tier writes since its last report: event ("written" |
-                            "dropped_full" | "write_failures"), blocks
+    RemoteCount             one rank's remote-tier events since its last report: event ("written" |
+                            "dropped_full" | "write_failures", or a refused value: "bad_values" |
+                            "bad_macs" | "vanished"), blocks
     WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, the
                             rank (vLLM's global rank: 0 … world_size-1), and its remote writes
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
@@ -175,7 +176,8 @@ class IoSample:
 
 @dataclass(frozen=True, slots=True)
 class RemoteCount:
-    event: str  # "written" | "dropped_full" | "write_failures" (the write-behind queue's outcomes)
+    event: str  # the write-behind queue's outcomes ("written" | "dropped_full" | "write_failures") or a
+    # refused value ("bad_values" | "bad_macs" | "vanished")
     blocks: int
 
 

@@ -6,16 +6,22 @@ Provides:
         upload(items) -> int                queue each RemoteItem's DRAM bytes (copied now: the slot may be
                                             reused later in the step) on the bounded write-behind queue;
                                             returns how many were queued (a full queue drops and counts)
-        fetch(items) -> dict[bytes, str]    fetch, verify (header: codec id, block hash, size; checksum) and
-                                            write into DRAM the blocks; the blocks that were not, with why
-        take_counts() -> tuple[RemoteCount, ...]   the writer's outcomes (written, dropped_full,
-                                            write_failures) since the last call, for the worker's report
-        stats() -> dict                     the writer's and the store's counters
+        fetch(items) -> dict[bytes, str]    fetch, verify (MAC when a secret is set; header: codec id, block
+                                            hash, size; checksum) and write into DRAM the blocks; the blocks
+                                            that were not, with why. Each block on its own: a bad value is a
+                                            miss for its block, the others of the fetch are served
+        take_counts() -> tuple[RemoteCount, ...]   since the last call, for the worker's report (the
+                                            scheduler's remote_<event> counters): the writer's outcomes
+                                            (written, dropped_full, write_failures) and the blocks whose value
+                                            was refused (READ_EVENTS: bad_values, bad_macs, vanished)
+        stats() -> dict                     the writer's, the reads' and the store's counters
         close(timeout)                      wait for queued writes (at most timeout), then stop
 
 Order within a step (the worker keeps it): uploads, then fetches, then loads. A fetch asks the store which
-blocks it holds first: LMCache's RESP adapter never completes a GET of a missing key (it would time out and
-mark the store down).
+blocks it holds first (a GET of a key that is not there costs a timeout and the adapter's connections).
+
+A refused value is logged once per kind, as a warning naming its real cause (vanished: info, it is what
+eviction does), then only counted; a block's own line is at debug level. The store warns when it goes down.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from tiercache.config_remote import RemoteConfig
-from tiercache.remote.format import RemoteNamespace
+from tiercache.remote.format import BAD_MAC, BAD_VALUE, VANISHED, RemoteMiss, RemoteNamespace
 from tiercache.remote.store import open_store
 from tiercache.wire import RemoteCount, RemoteItem
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, batches_of, read_blocks, rows_of
@@ -34,6 +40,9 @@ from tiercache.worker.tier_worker import TierWorker
 
 logger = logging.getLogger(__name__)
 WRITE_EVENTS = ("written", "dropped_full", "write_failures")
+READ_EVENTS = ("bad_values", "bad_macs", "vanished")  # blocks refused: value empty, of another size, wrong
+# header or checksum; MAC failed, missing or unexpected; key gone after the lookup
+_EVENT_OF = {BAD_VALUE: "bad_values", BAD_MAC: "bad_macs", VANISHED: "vanished"}
 
 
 class RemoteSteps:
@@ -41,7 +50,8 @@ class RemoteSteps:
         self.tiers = tiers
         self.store = open_store(config, namespace)
         self.writer = RemoteWriter(self.store, config.queue_blocks)
-        self._reported = dict.fromkeys(WRITE_EVENTS, 0)  # the writer's totals at the last take_counts
+        self._reported = dict.fromkeys(WRITE_EVENTS + READ_EVENTS, 0)  # totals at the last take_counts
+        self._refused = dict.fromkeys(READ_EVENTS, 0)  # blocks whose value was refused, by event
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
@@ -70,24 +80,36 @@ class RemoteSteps:
         good = [
             (item, block) for item, block in zip(todo, got, strict=True) if isinstance(block, RemoteBlock)
         ]
-        failed.update(
-            (item.block_hash, f"remote fetch: {block}")
-            for item, block in zip(todo, got, strict=True)
-            if isinstance(block, str)
-        )
+        for item, block in zip(todo, got, strict=True):
+            if isinstance(block, RemoteMiss):
+                failed[item.block_hash] = f"remote fetch: {block.reason}"
+                self._refusal(item.block_hash, block)
         blocks = [block for _, block in good]
         for run in batches_of(blocks):  # each get call's rows copied once, into their DRAM slots
             rows = rows_of(blocks[run.start : run.stop])  # [n, dram_stride] uint8
             sums = torch.stack([block.pieces for block in blocks[run.start : run.stop]])  # [n, 2, L, 2]
             self.tiers.fill_dram([item for item, _ in good[run.start : run.stop]], rows, sums)
         for block_hash, reason in failed.items():
-            logger.info("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
+            logger.debug("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
         return failed
 
+    def _refusal(self, block_hash: bytes, miss: RemoteMiss) -> None:
+        event = _EVENT_OF.get(miss.kind)
+        if event is None:  # the store is down: it says so itself
+            return
+        self._refused[event] += 1
+        if self._refused[event] == 1:
+            log = logger.info if miss.kind == VANISHED else logger.warning
+            log(
+                "tiercache: remote block %s refused: %s; it is recomputed, the other blocks are served and "
+                "the store stays up; further ones are only counted (remote_%s)",
+                block_hash.hex()[:16], miss.reason, event,
+            )  # fmt: skip
+
     def take_counts(self) -> tuple[RemoteCount, ...]:
-        totals = self.writer.stats()
+        totals = {**self.writer.stats(), **self._refused}
         counts = []
-        for event in WRITE_EVENTS:
+        for event in WRITE_EVENTS + READ_EVENTS:
             total = int(totals.get(event, 0))
             if total > self._reported[event]:
                 counts.append(RemoteCount(event, total - self._reported[event]))
@@ -96,7 +118,7 @@ class RemoteSteps:
 
     def stats(self) -> dict[str, int | str]:
         store = {f"store_{k}": v for k, v in self.store.stats().items()}
-        return {**self.writer.stats(), **store, "not_uploaded": self.not_uploaded}
+        return {**self.writer.stats(), **self._refused, **store, "not_uploaded": self.not_uploaded}
 
     def close(self, timeout: float = 10.0) -> None:
         if not self.writer.flush(timeout):

@@ -117,6 +117,32 @@ def test_corrupted_remote_values_are_misses_with_the_same_tokens(engine_b, engin
     assert got["counters"]["remote_fetch_failures"] == PREFIX_BLOCKS
     reasons = engine_b.ask(events="remote fetch failed")["reasons"]
     assert len(reasons) == PREFIX_BLOCKS and all("checksum mismatch" in r for r in reasons), reasons
+    # refused values are counted by kind where the tier's other counters are (issue 42), the store stays up
+    later = engine_b.ask(counters=True)
+    assert later["counters"]["remote_bad_values"] == PREFIX_BLOCKS and later["remote_up"]
+
+
+def test_an_engine_with_a_secret_never_serves_unsigned_values(
+    engine_a, baseline, redis_server, tiny_model, tmp_path
+):
+    """Engine S has tiers.remote.secret (an environment variable): it asks for other keys than A's unsigned
+    values, finds nothing, recomputes the same tokens; its log says values are signed, never the secret."""
+    secret = "e2e-secret-0123456789abcdef0123"
+    second = SHARED["remote"][1]
+    cfg = connector_config("none", vram=TIER, dram=TIER)
+    cfg["kv_connector_extra_config"]["tiers"]["remote"] = {
+        "url": redis_server.url, "timeout": "2s", "secret": {"env": "TC_E2E_SECRET"},
+    }  # fmt: skip
+    log = tmp_path / "engine_s.log"
+    s = EngineProcess(tiny_model, cfg, log, env={"TC_E2E_SECRET": secret})
+    try:
+        got = s.ask(run=[second])
+    finally:
+        s.close()
+    assert got["tokens"] == [baseline[second]] and got["cached"] == [0] and got["remote_up"]
+    assert got["counters"]["remote_lookups"] >= PREFIX_BLOCKS and "remote_found" not in got["counters"]
+    text = log.read_text()
+    assert "HMAC-SHA-256" in text and "TC_E2E_SECRET" in text and secret not in text
 
 
 def test_store_killed_mid_run_is_a_miss_and_hits_resume_when_it_is_back(engine_b, baseline, redis_server):

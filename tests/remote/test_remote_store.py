@@ -9,24 +9,13 @@ import time
 
 import pytest
 import torch
-from remote_helpers import LAYOUT, hashes, namespace, rows, store
+from remote_helpers import LAYOUT, hashes, namespace, redis_key, rows, store
+from remote_helpers import values as _values
 
-from tiercache.remote.format import HEADER_BYTES, encode_value
+from tiercache.remote.format import BAD_VALUE, DOWN, HEADER_BYTES, RemoteMiss
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks, rows_of
-
-
-def _values(ns, keys, data):
-    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
-    return [encode_value(ns, h, tuple(s), row) for h, s, row in zip(keys, sums, data, strict=True)]
-
-
-def _redis_key(server, block_hash: bytes) -> bytes:
-    reply = server.command(b"KEYS", b"*" + block_hash.hex().encode() + b"*")
-    keys = [line for line in reply.split(b"\r\n") if line and line[:1] not in b"*$"]
-    assert len(keys) == 1, reply
-    return keys[0]
 
 
 @pytest.mark.parametrize("n", [1, 7])
@@ -75,7 +64,7 @@ def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
     s = store(redis_server.url, ns)
     try:
         assert s.put(keys, _values(ns, keys, data)) is None
-        key = _redis_key(redis_server, keys[0])
+        key = redis_key(redis_server, keys[0])
         length = int(redis_server.command(b"STRLEN", key)[1:].strip())
         extra = length - ns.value_bytes  # LMCache's own prefix before our value, if any
         offset = {"payload start": HEADER_BYTES, "payload end": ns.value_bytes - 1, "header checksum": 30}[
@@ -85,7 +74,8 @@ def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
         flipped = bytes([old.split(b"\r\n")[1][0] ^ 0x10])
         redis_server.command(b"SETRANGE", key, b"%d" % (extra + offset), flipped)
         bad, good = read_blocks(s, keys)
-        assert isinstance(bad, str) and "checksum mismatch" in bad, bad
+        assert isinstance(bad, RemoteMiss) and bad.kind == BAD_VALUE, bad
+        assert "checksum mismatch" in bad.reason, bad
         assert isinstance(good, RemoteBlock) and torch.equal(good.row, data[1])
     finally:
         s.close()
@@ -99,12 +89,12 @@ def test_codec_mismatch_is_a_miss(redis_server):
         assert a.put(keys, _values(a_ns, keys, data)) is None
         assert b.exists(keys).found == (False, False)  # another codec asks for other keys
         # A value of codec A under codec B's key (a foreign writer, a bug): the header refuses it.
-        src = _redis_key(redis_server, keys[0])
+        src = redis_key(redis_server, keys[0])
         dst = src.replace(a_ns.salt.encode(), b_ns.salt.encode())
         assert redis_server.command(b"COPY", src, dst).startswith(b":1")
         assert b.exists(keys).found == (True, False)
         (refused,) = read_blocks(b, keys[:1])
-        assert isinstance(refused, str) and "codec mismatch" in refused, refused
+        assert isinstance(refused, RemoteMiss) and "codec mismatch" in refused.reason, refused
         assert isinstance(read_blocks(a, keys[:1])[0], RemoteBlock)
     finally:
         a.close()
@@ -125,7 +115,7 @@ def test_store_stopped_is_a_miss_then_reconnects(redis_server):
         assert s.exists(keys).reason.startswith("remote store down")  # no waiting while down
         assert time.monotonic() - start < 0.1
         values, reasons = s.get(keys[:1])
-        assert values == [None] and "down" in reasons[0]
+        assert values == [None] and reasons[0].kind == DOWN and "down" in reasons[0].reason
         sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
         assert writer.offer(keys[1], data[1], tuple(sums[1]))
         assert writer.flush(5)

@@ -1,20 +1,37 @@
-"""How a block is keyed and laid out in the remote store: its DRAM-tier bytes behind a fixed header.
+"""How a block is keyed and laid out in the remote store: its DRAM-tier bytes behind a fixed header, signed
+with a keyed MAC when tiers.remote.secret is set.
 
 Provides:
-    RemoteNamespace(model, codec_id, layout, rank)   who may read a value: .key(block_hash) -> ObjectKey
-                                      fields (model_name, kv_rank, chunk_hash, cache_salt), .value_bytes
-    encode_value(namespace, block_hash, checksum, payload) -> [HEADER_BYTES + stride] uint8 tensor
-    parse_header(value, namespace, block_hash) -> (checksum, payload) | reason (str)
-    HEADER_BYTES (256), MAGIC
+    RemoteNamespace(model, codec_id, layout, rank, mac=None)   who may read a value: fields (model_name,
+                                      salt: the LMCache key's cache_salt), value_bytes; mac: the RemoteSecret
+                                      that signs and checks values (None: values carry no MAC)
+    encode_value(namespace, block_hash, checksum, payload, sign=True) -> [HEADER_BYTES + stride] uint8 tensor
+    sign_value(namespace, value)      write the MAC of an encode_value(…, sign=False) value (in place)
+    parse_header(value, namespace, block_hash) -> (checksum, payload) | RemoteMiss
+    parse_headers(values, namespace, hashes) -> list of the same   a batch: its MACs checked on up to
+                                      MAX_THREADS threads when it holds PARALLEL_BYTES or more (hashlib
+                                      releases the GIL while it hashes)
+    RemoteMiss(kind, reason)          why a block's value is not served; kinds: DOWN (no value: the store is
+                                      down or failed), VANISHED (the key went away after the lookup),
+                                      BAD_VALUE (empty, of another size, wrong header or checksum), BAD_MAC
+    HEADER_BYTES (256), MAGIC, VERSION (2: no MAC), VERSION_MAC (3: a MAC)
 
 Key: model name, this rank (tensor-parallel shard), the block hash, and a salt naming the format version, the
 codec id and the layout (blake2b of them): engines with another model, codec or layout ask for other keys and
-never read these values. Value (little-endian):
-    [0:4]  MAGIC b"TCRB"     [4:6]  version (2)      [6:8]  len(block_hash)    [8:10] len(codec_id utf-8)
+never read these values; engines with a secret and without one ask for other keys too (the version differs).
+Value (little-endian):
+    [0:4]  MAGIC b"TCRB"     [4:6]  version          [6:8]  len(block_hash)    [8:10] len(codec_id utf-8)
     [16:24] payload bytes    [24:40] checksum (two int64: the block's, tiercache.kernels.fold_pieces of its
                              piece checksums — version 1 summed the block's words in section order)
-    [40:104] block hash (≤ 64 bytes, zero padded)    [104:256] codec id (≤ 152 bytes, zero padded)
+    [40:104] block hash (≤ 64 bytes, zero padded)
+    version 2 (no MAC):  [104:256] codec id (≤ 152 bytes, zero padded)
+    version 3 (MAC):     [104:224] codec id (≤ 120 bytes, zero padded)   [224:256] MAC
     [256:]  the block's bytes exactly as the DRAM tier holds them (BlockLayout.dram_stride bytes)
+MAC: HMAC-SHA-256 under the secret of the key's identity (model name, rank, salt: a value copied under another
+model's or rank's key fails), the header's first 224 bytes (block hash, codec, sizes, checksum) and the
+payload. A reader with a secret refuses version 2 values, one without refuses version 3 values: the version
+says whether a MAC is present, and each engine serves only what its own configuration can vouch for. Version 2
+values written before MACs existed keep their keys and stay readable by engines without a secret.
 The header is fixed so that a reader knows a value's size before fetching it (LMCache loads into buffers of a
 given size); a value of another size fails to load, and so is a miss.
 """
@@ -23,18 +40,41 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from tiercache.layout import BlockLayout
+from tiercache.remote.secret import RemoteSecret
 
 MAGIC = b"TCRB"
-VERSION = 2
+VERSION = 2  # no MAC
+VERSION_MAC = 3  # a keyed MAC at [_MAC_AT:HEADER_BYTES]
 HEADER_BYTES = 256
+DOWN, VANISHED, BAD_VALUE, BAD_MAC = "down", "vanished", "bad_value", "bad_mac"
 _FIXED = struct.Struct("<4sHHH6xQqq")  # magic, version, hash len, codec len, pad, payload len, s1, s2
 _HASH_AT, _HASH_MAX = 40, 64
-_CODEC_AT, _CODEC_MAX = 104, HEADER_BYTES - 104
+_CODEC_AT = 104
+_MAC_AT = 224
+_CODEC_MAX = {VERSION: HEADER_BYTES - _CODEC_AT, VERSION_MAC: _MAC_AT - _CODEC_AT}
+_MAC_DOMAIN = b"tiercache remote value\x00"
+PARALLEL_BYTES = 32 << 20
+MAX_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RemoteMiss:
+    kind: str  # DOWN | VANISHED | BAD_VALUE | BAD_MAC
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True)
@@ -43,23 +83,33 @@ class RemoteNamespace:
     codec_id: str
     layout: BlockLayout
     rank: int = 0
+    mac: RemoteSecret | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.codec_id.encode()) > _CODEC_MAX:
-            raise ValueError(
-                f"codec id longer than {_CODEC_MAX} bytes cannot be stored remotely: {self.codec_id}"
-            )
+        most = _CODEC_MAX[self.version]
+        if len(self.codec_id.encode()) > most:
+            raise ValueError(f"codec id longer than {most} bytes cannot be stored remotely: {self.codec_id}")
+
+    @property
+    def version(self) -> int:
+        return VERSION if self.mac is None else VERSION_MAC
 
     @property
     def model_name(self) -> str:
         return self.model.replace("@", "_")  # LMCache keys use @ as their separator
 
-    @property
+    @cached_property
     def salt(self) -> str:
         lay = self.layout
-        text = (f"v{VERSION}|{self.codec_id}|L{lay.num_layers}|B{lay.block_size}|H{lay.num_kv_heads}|"
+        text = (f"v{self.version}|{self.codec_id}|L{lay.num_layers}|B{lay.block_size}|H{lay.num_kv_heads}|"
                 f"K{lay.k_packed_dim}|V{lay.v_packed_dim}|S{lay.dram_stride}")  # fmt: skip
         return "tc-" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+    @cached_property
+    def mac_context(self) -> bytes:
+        """The key's identity as the MAC covers it (length-prefixed, so no two identities read alike)."""
+        parts = [self.model_name.encode(), str(self.rank).encode(), self.salt.encode()]
+        return _MAC_DOMAIN + b"".join(struct.pack("<I", len(p)) + p for p in parts)
 
     @property
     def value_bytes(self) -> int:
@@ -67,9 +117,14 @@ class RemoteNamespace:
 
 
 def encode_value(
-    namespace: RemoteNamespace, block_hash: bytes, checksum: tuple[int, int], payload: torch.Tensor
+    namespace: RemoteNamespace,
+    block_hash: bytes,
+    checksum: tuple[int, int],
+    payload: torch.Tensor,
+    sign: bool = True,
 ) -> torch.Tensor:
-    """payload: [dram_stride] uint8 (a DRAM row). Returns a new [value_bytes] uint8 tensor (CPU)."""
+    """payload: [dram_stride] uint8 (a DRAM row). Returns a new [value_bytes] uint8 tensor (CPU). With a MAC
+    key and sign=False the MAC is left zero, for sign_value to write later (off the caller's thread)."""
     stride = namespace.layout.dram_stride
     if payload.dtype != torch.uint8 or payload.shape != (stride,):
         raise ValueError(f"payload must be uint8 [{stride}], got {payload.dtype} {list(payload.shape)}")
@@ -77,34 +132,105 @@ def encode_value(
         raise ValueError(f"block hash longer than {_HASH_MAX} bytes: {len(block_hash)}")
     codec = namespace.codec_id.encode()
     header = bytearray(HEADER_BYTES)
-    _FIXED.pack_into(header, 0, MAGIC, VERSION, len(block_hash), len(codec), stride, *checksum)
+    _FIXED.pack_into(header, 0, MAGIC, namespace.version, len(block_hash), len(codec), stride, *checksum)
     header[_HASH_AT : _HASH_AT + len(block_hash)] = block_hash
     header[_CODEC_AT : _CODEC_AT + len(codec)] = codec
     value = torch.empty(namespace.value_bytes, dtype=torch.uint8)
     value[:HEADER_BYTES] = torch.frombuffer(header, dtype=torch.uint8)
     value[HEADER_BYTES:] = payload
+    if sign and namespace.mac is not None:
+        sign_value(namespace, value)
     return value
 
 
+def sign_value(namespace: RemoteNamespace, value: torch.Tensor) -> None:
+    """value: an encode_value [value_bytes] uint8 tensor of this namespace; its MAC written in place."""
+    assert namespace.mac is not None and value.is_contiguous() and value.numel() == namespace.value_bytes
+    mac = namespace.mac.mac(*_mac_parts(namespace, value.numpy()))
+    value[_MAC_AT:HEADER_BYTES] = torch.frombuffer(bytearray(mac), dtype=torch.uint8)
+
+
+def parse_headers(
+    values: Sequence[torch.Tensor], namespace: RemoteNamespace, hashes: Sequence[bytes]
+) -> list[tuple[tuple[int, int], torch.Tensor] | RemoteMiss]:
+    """parse_header of each value (the MACs of a large batch computed on threads first)."""
+    workers = min(torch.get_num_threads(), MAX_THREADS, len(values))
+    macs: Sequence[bool | None] = [None] * len(values)
+    if namespace.mac is not None and workers > 1 and sum(v.numel() for v in values) >= PARALLEL_BYTES:
+        macs = list(_threads().map(lambda v: _mac_ok(namespace, v), values))
+    return [parse_header(v, namespace, h, ok) for v, h, ok in zip(values, hashes, macs, strict=True)]
+
+
 def parse_header(
-    value: torch.Tensor, namespace: RemoteNamespace, block_hash: bytes
-) -> tuple[tuple[int, int], torch.Tensor] | str:
-    """((s1, s2), payload view [dram_stride] uint8) when the header names this block, codec and size; else
-    why not (a reason for the miss). The payload's checksum is the reader's to verify."""
+    value: torch.Tensor, namespace: RemoteNamespace, block_hash: bytes, mac_ok: bool | None = None
+) -> tuple[tuple[int, int], torch.Tensor] | RemoteMiss:
+    """((s1, s2), payload view [dram_stride] uint8) when the value is of this namespace's size, signed as it
+    requires (its MAC checked first, before any field is trusted) and its header names this block, codec and
+    size; else why not. The payload's checksum is the reader's to verify. mac_ok: the MAC's check when
+    already made (parse_headers)."""
     if value.numel() != namespace.value_bytes:
-        return f"value is {value.numel()} bytes, expected {namespace.value_bytes}"
-    header = value[:HEADER_BYTES].numpy().tobytes()
+        return RemoteMiss(BAD_VALUE, f"value is {value.numel()} bytes, expected {namespace.value_bytes}")
+    data = value.numpy()
+    header = data[:HEADER_BYTES].tobytes()
     magic, version, hash_len, codec_len, size, s1, s2 = _FIXED.unpack_from(header, 0)
-    if magic != MAGIC or version != VERSION:
-        return f"not a tiercache block value (magic {magic!r}, version {version})"
-    if hash_len > _HASH_MAX or codec_len > _CODEC_MAX:
-        return f"corrupted header (hash length {hash_len}, codec id length {codec_len})"
+    if magic != MAGIC or version not in _CODEC_MAX:
+        return RemoteMiss(BAD_VALUE, f"not a tiercache block value (magic {magic!r}, version {version})")
+    refused = _mac_refusal(namespace, version, header, data, mac_ok)
+    if refused is not None:
+        return RemoteMiss(BAD_MAC, refused)
+    if hash_len > _HASH_MAX or codec_len > _CODEC_MAX[version]:
+        return RemoteMiss(
+            BAD_VALUE, f"corrupted header (hash length {hash_len}, codec id length {codec_len})"
+        )
     codec = header[_CODEC_AT : _CODEC_AT + codec_len].decode(errors="replace")
     if codec != namespace.codec_id:
-        return f"codec mismatch: stored with {codec!r}, this engine uses {namespace.codec_id!r}"
+        return RemoteMiss(
+            BAD_VALUE, f"codec mismatch: stored with {codec[:60]!r}, this engine uses {namespace.codec_id!r}"
+        )
     stored_hash = header[_HASH_AT : _HASH_AT + hash_len]
     if stored_hash != block_hash:
-        return f"block hash mismatch: value holds block {stored_hash.hex()[:16]}"
+        return RemoteMiss(BAD_VALUE, f"block hash mismatch: value holds block {stored_hash.hex()[:16]}")
     if size != namespace.layout.dram_stride:
-        return f"payload is {size} bytes, this layout's blocks are {namespace.layout.dram_stride}"
+        return RemoteMiss(
+            BAD_VALUE, f"payload is {size} bytes, this layout's blocks are {namespace.layout.dram_stride}"
+        )
     return (s1, s2), value[HEADER_BYTES:]
+
+
+def _mac_refusal(
+    namespace: RemoteNamespace, version: int, header: bytes, data, ok: bool | None
+) -> str | None:
+    if version != namespace.version and namespace.mac is None:
+        return "value carries a MAC (written by an engine with tiers.remote.secret); this engine has none"
+    if version != namespace.version:
+        return "value carries no MAC and tiers.remote.secret is set: forged, or written without the secret"
+    if namespace.mac is None:
+        return None
+    if ok is None:
+        ok = namespace.mac.verify(header[_MAC_AT:], *_mac_parts(namespace, data))
+    return None if ok else "MAC mismatch: forged, copied from another key, or written with another secret"
+
+
+def _mac_ok(namespace: RemoteNamespace, value: torch.Tensor) -> bool | None:
+    """The MAC check of a value of this namespace's size and version (None for any other: parse_header
+    refuses it before its MAC matters)."""
+    if namespace.mac is None or value.numel() != namespace.value_bytes:
+        return None
+    data = value.numpy()
+    if struct.unpack_from("<H", data, 4)[0] != namespace.version:
+        return None
+    return namespace.mac.verify(data[_MAC_AT:HEADER_BYTES].tobytes(), *_mac_parts(namespace, data))
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="tiercache-mac")
+        return _pool
+
+
+def _mac_parts(namespace: RemoteNamespace, data) -> tuple[bytes, memoryview, memoryview]:
+    """What a value's MAC covers: the key's identity, the header before the MAC, the payload (no copies)."""
+    view = memoryview(data)
+    return namespace.mac_context, view[:_MAC_AT], view[HEADER_BYTES:]

@@ -3,14 +3,18 @@
 Provides:
     RemoteWriter(store, max_blocks, batch_blocks=32)
         offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, copied now, so
-                                         its DRAM slot may be reused at once); False: the queue is full and
-                                         the block is dropped (counted, logged once per burst)
+                                         its DRAM slot may be reused at once; its MAC, when the store's
+                                         namespace has a secret, is computed on the writer's thread); False:
+                                         the queue is full and the block is dropped (counted, logged once per
+                                         burst)
         flush(timeout) -> bool           wait until every queued block was tried
         stats() -> dict                  queued, written, dropped_full, write_failures, last_error
         close()
-    read_blocks(store, hashes) -> list[RemoteBlock | str]   fetch values and check each: header (codec id,
-                                         block hash, size) and the payload's checksum; a str says why the
-                                         block is a miss
+    read_blocks(store, hashes) -> list[RemoteBlock | RemoteMiss]   fetch values and check each: size, MAC
+                                         (when a secret is set: before anything else of the value is
+                                         trusted), header (codec id, block hash, size) and the payload's
+                                         checksum; a RemoteMiss says why the block is a miss, and of what kind
+                                         (format.py): each block is served or refused on its own
     RemoteBlock                          row [dram_stride] uint8 (DRAM format), checksum (s1, s2): the
                                          block's (integrity.block_checksum), pieces [2, L, 2] int64: its
                                          piece checksums, what the DRAM tier records
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tiercache.remote.format import encode_value, parse_header
+from tiercache.remote.format import BAD_MAC, BAD_VALUE, RemoteMiss, encode_value, parse_headers, sign_value
 from tiercache.remote.store import RemoteStore
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
@@ -100,7 +104,7 @@ class RemoteWriter:
         self._thread.start()
 
     def offer(self, block_hash: bytes, row: torch.Tensor, checksum: tuple[int, int]) -> bool:
-        value = encode_value(self.store.namespace, block_hash, checksum, row.cpu())
+        value = encode_value(self.store.namespace, block_hash, checksum, row.cpu(), sign=False)
         with self._lock:
             try:
                 self._queue.put_nowait((block_hash, value))
@@ -153,7 +157,11 @@ class RemoteWriter:
                 return
 
     def _write(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
+        namespace = self.store.namespace
         try:
+            if namespace.mac is not None:
+                for _, value in batch:
+                    sign_value(namespace, value)
             reason = self.store.put([h for h, _ in batch], [v for _, v in batch])
         except Exception as exc:  # a bug in the store path must not kill the thread
             logger.exception("tiercache: remote write failed")
@@ -168,21 +176,25 @@ class RemoteWriter:
             self._idle.notify_all()
 
 
-def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock | str]:
-    """Per block: its verified bytes, or why it is a miss (not loaded, wrong header, checksum mismatch)."""
-    values, reasons = store.get(hashes)
-    out: list[RemoteBlock | str] = []
+def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock | RemoteMiss]:
+    """Per block: its verified bytes, or why it is a miss (not loaded, MAC, header, checksum)."""
+    values, misses = store.get(hashes)
+    got = [i for i, value in enumerate(values) if value is not None]
+    headers = iter(parse_headers([values[i] for i in got], store.namespace, [hashes[i] for i in got]))
+    out: list[RemoteBlock | RemoteMiss] = []
     parsed = []
-    for block_hash, value, reason in zip(hashes, values, reasons, strict=True):
+    for value, miss in zip(values, misses, strict=True):
         if value is None:
-            out.append(f"remote: {reason}")
+            assert miss is not None
+            what = "remote value refused" if miss.kind in (BAD_VALUE, BAD_MAC) else "remote load failed"
+            out.append(RemoteMiss(miss.kind, f"{what}: {miss.reason}"))  # words the scheduler's causes read
             continue
-        header = parse_header(value, store.namespace, block_hash)
-        if isinstance(header, str):
-            out.append(f"remote value refused: {header}")
+        header = next(headers)
+        if isinstance(header, RemoteMiss):
+            out.append(RemoteMiss(header.kind, f"remote value refused: {header.reason}"))
             continue
         parsed.append((len(out), header))
-        out.append("")  # filled below
+        out.append(RemoteMiss(BAD_VALUE, "not checked"))  # replaced below
     payloads = [payload for _, (_, payload) in parsed]
     for run in _runs(payloads):
         rows = _rows(run, payloads)  # [m, dram_stride] uint8
@@ -193,9 +205,10 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
             if tuple(sums) == tuple(expected):
                 out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), pieces[j], rows, j)
             else:
-                out[i] = (
+                out[i] = RemoteMiss(
+                    BAD_VALUE,
                     f"remote value refused: checksum mismatch (sums {_hex(expected[0])}/{_hex(expected[1])} "
-                    f"stored, {_hex(sums[0])}/{_hex(sums[1])} read)"
+                    f"stored, {_hex(sums[0])}/{_hex(sums[1])} read)",
                 )
     return out
 
