@@ -10,6 +10,8 @@
 - `ReuseStats` (reuse.py): each block class's reuse probability, learned online (a term of the score).
 - `replay`, `ReplayResult` (replay.py): graph / LRU / ARC on your own trace (simulators.py, graph_cache.py:
   the graph policy on a one-tier KVCacheGraph; LRU on `tiercache.scheduler.recency.RecencyOrder`).
+- `timed_replay` (timed_replay.py): the graph policy as it runs live on a timestamped trace: the advisor
+  ranks on its own schedule in the trace's time and evictions and admission read its last snapshot.
 - `offline_bound` (offline.py): Belady's farthest-next-use rule with bypass on the same trace, to compare.
 - `AdmissionDecision` (events.py): a block offered for storing and declined, with its reason.
 """
@@ -21,6 +23,7 @@ from tiercache.graph.offline import offline_bound
 from tiercache.graph.replay import ReplayResult, replay
 from tiercache.graph.reuse import ReuseStats
 from tiercache.graph.scoring import SOURCES, ScoreComponents, ScoreWeights
+from tiercache.graph.timed_replay import timed_replay
 
 __all__ = [
     "EDGE_TYPES",
@@ -36,4 +39,5 @@ __all__ = [
     "Snapshot",
     "offline_bound",
     "replay",
+    "timed_replay",
 ]

@@ -323,3 +323,16 @@ def test_macs_checked_on_threads_agree_with_one_by_one(monkeypatch):
     assert all(
         torch.equal(a[1], b[1]) for a, b in zip(one, many, strict=True) if not isinstance(a, RemoteMiss)
     )
+
+
+def test_a_secret_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    """A FIFO with no writer would block the open forever: it is refused from its stat, like a directory."""
+    import os
+
+    from tiercache.remote.secret import read_secret
+
+    fifo = tmp_path / "secret.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path):
+        with pytest.raises(ValueError, match="not a regular file"):
+            read_secret({"file": str(path)})

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import os
 import re
+import stat
 from pathlib import Path
 
 SECRET_SOURCES = ("env", "file")
@@ -114,6 +115,11 @@ def _from_file(name: object, key_name: str) -> bytes:
         )
     path = Path(name).expanduser()
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # before opening: a FIFO with no writer would block
+            raise ValueError(
+                f"{key_name}.file: {_path(name)} is not a regular file; give the path of a file holding the "
+                f"secret ({_MAKE} > FILE; chmod 600 FILE)"
+            )
         with path.open("rb") as f:
             data = f.read(MAX_SECRET_BYTES + 64)
     except OSError as exc:
