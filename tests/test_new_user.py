@@ -72,9 +72,10 @@ def test_demo_refuses_bad_input_before_vllm_starts(no_vllm, args, names):
     assert len(lines) == 1 and lines[0].startswith("tiercache demo: "), run.stderr[-2000:]
     assert all(name in lines[0] for name in names), lines[0]
     assert run.stdout == ""
-    # < 2 s of work (Python start and the torch import are most of it). CPU time, not wall-clock, so a busy
-    # machine does not fail the test; the wall-clock bound is far below vLLM's ~10 s start-up.
-    assert cpu < 2.0 and wall < 8.0, (cpu, wall)
+    # A few seconds of work at most (Python start and the torch import are most of it: 1.6-2.1 s of CPU on
+    # the 2-core CI machine, more while other tests run beside it). CPU time, not wall-clock, so a busy
+    # machine does not fail the test; both bounds are far below vLLM's ~10 s start-up.
+    assert cpu < 3.0 and wall < 8.0, (cpu, wall)
 
 
 # ---------------------------------------------------------------- scripts/setup.sh says what it does
