@@ -59,14 +59,20 @@ def fake_dist(tmp_path: Path, name: str) -> Path:
     return site
 
 
-def test_serve_sh_uses_vllm_serve_where_the_vllm_distribution_is_installed(tmp_path):
+def fake_vllm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """An environment where the `vllm` distribution is installed and its `vllm` command prints its
+    arguments one per line (no TIERCACHE_CONFIG unless `extra` sets it)."""
     site = fake_dist(tmp_path, "vllm")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (bin_dir / "vllm").chmod(0o755)
     env = {**without(os.environ, "TIERCACHE_CONFIG"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    env.update(PYTHONPATH=str(site), PYTHON=sys.executable)
+    return {**env, "PYTHONPATH": str(site), "PYTHON": sys.executable, **extra}
+
+
+def test_serve_sh_uses_vllm_serve_where_the_vllm_distribution_is_installed(tmp_path):
+    env = fake_vllm_env(tmp_path)
     run = subprocess.run(
         ["bash", str(SERVE), "my/model", "--port", "8001"],
         capture_output=True,
@@ -94,15 +100,9 @@ def test_serve_sh_uses_vllm_serve_where_the_vllm_distribution_is_installed(tmp_p
 
 
 def test_serve_sh_keeps_the_sizes_of_a_config_of_ones_own(tmp_path):
-    site = fake_dist(tmp_path, "vllm")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    (bin_dir / "vllm").chmod(0o755)
     own = tmp_path / "mine.yaml"
     own.write_text("tiers: {vram: 64MiB, dram: 128MiB}\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TIERCACHE_CONFIG": str(own)}
-    env.update(PYTHONPATH=str(site), PYTHON=sys.executable)
+    env = fake_vllm_env(tmp_path, TIERCACHE_CONFIG=str(own))
     run = subprocess.run(
         ["bash", str(SERVE), "my/model"], capture_output=True, text=True, env=env, timeout=60
     )
