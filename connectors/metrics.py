@@ -30,7 +30,8 @@ Prometheus names (counters end in _total when exported):
     vllm:tiercache_remote_blocks{event}         the remote tier: lookups (blocks asked), found, fetched
                                                 (served), fetch_failures (refused loads), uploads
                                                 (planned writes of blocks dropped from DRAM), written,
-                                                dropped_full (write queue full), write_failures,
+                                                already_stored (not written again), dropped_full (write
+                                                queue full), write_failures,
                                                 bad_values / bad_macs / vanished (values refused: one
                                                 block each)
     vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges
@@ -63,7 +64,7 @@ METRICS = {
     "failures": "Loads, stores and moves that did not happen, by cause.",
     "remote_blocks": (
         "Remote tier blocks by event (lookups, found, fetched, fetch_failures, uploads, written, "
-        "dropped_full, write_failures, bad_values, bad_macs, vanished)."
+        "already_stored, dropped_full, write_failures, bad_values, bad_macs, vanished)."
     ),
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
     "capacity_blocks": "Slots of each tier.",
@@ -131,8 +132,8 @@ class TierCacheStats(KVConnectorStats):
         out["tiercache_evictions"] = sum(v for k, v in c.items() if k.startswith("evicted_"))
         out["tiercache_declined"] = sum(v for k, v in c.items() if k.startswith("declined_by_"))
         out["tiercache_failures"] = sum(v for k, v in c.items() if k.startswith("failures_"))
-        for event in ("fetched", "fetch_failures", "uploads", "written", "dropped_full", "write_failures",
-                      "bad_values", "bad_macs", "vanished"):  # fmt: skip
+        for event in ("fetched", "fetch_failures", "uploads", "written", "already_stored", "dropped_full",
+                      "write_failures", "bad_values", "bad_macs", "vanished"):  # fmt: skip
             if "remote_" + event in c:
                 out["tiercache_remote_" + event] = c["remote_" + event]
         for t in TIERS:

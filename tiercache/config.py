@@ -22,7 +22,7 @@ Shape (every key optional; see examples/tiers.yaml):
                              # (+ key_codebook / value_codebook: lloyd | uniform, default lloyd)
                              # (+ exact_layers: [0, 1, -2, -1]: primary mode keeps these layers exact)
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
-    tiers.remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256}   # optional
+    tiers.remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: through, queue_blocks: 256}   # optional
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
                                            # left out, it is max(2s, 4 × advisor_interval)
     inspect: {socket: auto, recent_requests: 128, remembered_departures: 65536}

@@ -1,15 +1,24 @@
 """The remote tier's config section, `tiers.remote`, and its checks.
 
 Provides:
-    RemoteConfig        url, timeout (s), write ("all" | "reused"), queue_blocks, adapter (LMCache L2 adapter
-                        settings: {type: …, …}), secret (RemoteSecret | None: the key of the values' MAC);
-                        .adapter_settings() -> (type, settings) for LMCache
+    RemoteConfig        url, timeout (s), write ("through" | "evicted" | "reused"), queue_blocks, adapter
+                        (LMCache L2 adapter settings: {type: …, …}), secret (RemoteSecret | None: the key of
+                        the values' MAC); .adapter_settings() -> (type, settings) for LMCache
     remote_config(raw, source) -> RemoteConfig | None     None when tiers.remote is left out or null
-    REMOTE_KEYS, WRITE_POLICIES, URL_SCHEMES, INSTALL_HINT
+    REMOTE_KEYS, WRITE_POLICIES, WRITE_ALIASES, URL_SCHEMES, INSTALL_HINT
+
+Write policies (tiers.remote.write), when a block goes up (never a block fetched from the store; the writer
+skips blocks the store already holds, one existence call per write batch):
+    through   every stored block, as soon as it is stored (the default): blocks other engines want are in the
+              store while this engine still holds them; every block's bytes cross the network once
+    reused    a block at its first hit here (its first load): only blocks reused at least once go up, while
+              still held; cold blocks never do
+    evicted   a block the manager drops from DRAM (what "all" meant before issue 38: accepted as its alias):
+              blocks still held here are not in the store
 
 Shape:
     tiers:
-      remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256,
+      remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: through, queue_blocks: 256,
                secret: {env: TIERCACHE_REMOTE_SECRET}}
     or, for any other LMCache L2 backend (Mooncake, S3, Valkey cluster, file systems), its own settings:
       remote: {adapter: {type: mooncake_store, …}, timeout: 200ms}
@@ -38,14 +47,15 @@ from tiercache.remote.settings import check_adapter, host_problem
 from tiercache.units import DURATION_FORMS, parse_duration
 
 REMOTE_KEYS = ("url", "adapter", "timeout", "write", "queue_blocks", "secret")
-WRITE_POLICIES = ("all", "reused")  # which blocks evicted from DRAM go up: every one, or those loaded once
+WRITE_POLICIES = ("through", "evicted", "reused")  # when a block goes up: stored, dropped from DRAM, 1st hit
+WRITE_ALIASES = {"all": "evicted"}  # the values of before issue 38, with their meaning
 URL_SCHEMES = ("redis", "valkey")  # both speak RESP: LMCache's "resp" L2 adapter
 INSTALL_HINT = 'pip install "tiercache[remote]"'
 MAX_QUEUE_BLOCKS = 1 << 20
 MAX_TIMEOUT = 60.0
 _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?:(?P<user>[^:@/]*)(?::(?P<password>[^@/]*))?@)?"
                      r"(?P<host>\[[0-9a-fA-F:]+\]|[^:/@\[\]]+)(?::(?P<port>\d{1,5}))?/?$")  # fmt: skip
-_EXAMPLE = "{url: redis://127.0.0.1:6379, timeout: 50ms, write: all, queue_blocks: 256}"
+_EXAMPLE = "{url: redis://127.0.0.1:6379, timeout: 50ms, write: through, queue_blocks: 256}"
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class RemoteConfig:
     adapter: dict[str, Any] = field(default_factory=dict)  # LMCache L2 adapter settings, {type: …, …}
     timeout: float = 0.05  # seconds: a lookup, a put batch or a get call (≤ 16 MiB of values) slower than
     # this is a miss / a failed write
-    write: str = "all"
+    write: str = "through"  # WRITE_POLICIES: when a block goes up
     queue_blocks: int = 256  # the write-behind queue's bound: blocks waiting for the store; more are dropped
     secret: RemoteSecret | None = None  # the key of every value's MAC; None: values carry none, and anyone
     # who can write the store can change what the engines serve
@@ -111,7 +121,7 @@ def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) 
         url=_url(url, source) if url is not None else None,
         adapter=check_adapter(adapter, source) if adapter is not None else {},
         timeout=_timeout(raw.get("timeout", 0.05), source),
-        write=_write(raw.get("write", "all"), source),
+        write=_write(raw.get("write", "through"), source),
         queue_blocks=_queue_blocks(raw.get("queue_blocks", 256), source),
         secret=_secret(raw["secret"], source) if raw.get("secret") is not None else None,
     )
@@ -153,10 +163,13 @@ def _timeout(raw: Any, source: str) -> float:
 
 
 def _write(raw: Any, source: str) -> str:
+    if isinstance(raw, str) and raw in WRITE_ALIASES:
+        return WRITE_ALIASES[raw]
     if raw not in WRITE_POLICIES:
         raise ConfigError(
-            f"tiers.remote.write: got {_short(raw)} ({source}); expected all (every block evicted from DRAM "
-            "goes to the remote store) or reused (only blocks that were loaded at least once)"
+            f"tiers.remote.write: got {_short(raw)} ({source}); expected through (every block goes up as "
+            "soon as it is stored: the default, what engines sharing a store want), reused (a block goes up "
+            "at its first hit) or evicted (a block goes up when dropped from DRAM; all is its old name)"
         )
     return raw
 

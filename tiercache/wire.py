@@ -6,17 +6,18 @@ Provides:
     LoadItem                read one stored block into a vLLM block (tier None: refused → a load error)
     StoreItem               write one vLLM block into (tier, slot)
     TransferJob             move blocks between tiers: source and destination tier, slots and block hashes
-    RemoteItem              one block between a DRAM slot and the remote store (block hash, DRAM slot)
+    RemoteItem              one block between a local slot and the remote store (block hash, slot, tier:
+                            an upload's VRAM or DRAM, a fetch's DRAM)
     StepPlan                scheduler → workers, one per engine step: loads, stores, jobs, and the remote
-                            tier's uploads (DRAM slot → store) and fetches (store → DRAM slot)
+                            tier's uploads (VRAM or DRAM slot → store) and fetches (store → DRAM slot)
     StepResult              one rank's outcome of a step's loads and stores, aligned with its plan, with
                             why each failed load failed (LoadFailure)
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
     IoSample                one rank's timed copy between vLLM's cache and the tiers: direction ("load" |
                             "store"), blocks, bytes, seconds
     RemoteCount             one rank's remote-tier events since its last report: event ("written" |
-                            "dropped_full" | "write_failures", or a refused value: "bad_values" |
-                            "bad_macs" | "vanished"), blocks
+                            "already_stored" | "dropped_full" | "write_failures", or a refused value:
+                            "bad_values" | "bad_macs" | "vanished"), blocks
     WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, the
                             rank (vLLM's global rank: 0 … world_size-1), and its remote writes
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
@@ -110,12 +111,18 @@ class TransferJob:
 
 @dataclass(frozen=True, slots=True)
 class RemoteItem:
-    """A block between DRAM slot `slot` and the remote store. An upload's slot held the block when the
-    manager dropped it (freed by then: the worker copies its bytes out before anything else of the step);
-    a fetch's slot is reserved for it (the worker writes the fetched bytes there before the step's loads)."""
+    """A block between slot `slot` of `tier` and the remote store. An upload's slot held the block when the
+    manager queued it (stored, first hit or dropped from DRAM: tiers.remote.write; a dropped block's slot
+    is freed by then): the worker copies its bytes out before anything else of the step. A fetch's slot is
+    a DRAM slot reserved for it (the worker writes the fetched bytes there before the step's loads)."""
 
     block_hash: bytes
     slot: int
+    tier: str = DRAM  # an upload's: VRAM or DRAM; a fetch's: DRAM
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"RemoteItem.tier: expected one of {TIERS}, got {self.tier!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +133,7 @@ class StepPlan:
     loads: tuple[LoadItem, ...] = ()
     stores: tuple[StoreItem, ...] = ()
     jobs: tuple[TransferJob, ...] = ()
-    uploads: tuple[RemoteItem, ...] = ()  # DRAM → remote store (blocks dropped from DRAM)
+    uploads: tuple[RemoteItem, ...] = ()  # VRAM or DRAM slot → remote store (tiers.remote.write says when)
     fetches: tuple[RemoteItem, ...] = ()  # remote store → DRAM (their loads follow in `loads`)
 
 
@@ -176,8 +183,8 @@ class IoSample:
 
 @dataclass(frozen=True, slots=True)
 class RemoteCount:
-    event: str  # the write-behind queue's outcomes ("written" | "dropped_full" | "write_failures") or a
-    # refused value ("bad_values" | "bad_macs" | "vanished")
+    event: str  # the write-behind queue's outcomes ("written" | "already_stored" | "dropped_full" |
+    # "write_failures") or a refused value ("bad_values" | "bad_macs" | "vanished")
     blocks: int
 
 

@@ -1,19 +1,23 @@
-"""A step's remote-tier work on one rank: uploads of blocks the manager dropped from DRAM, fetches of blocks
-the scheduler found in the remote store (into the DRAM slots it reserved). Nothing here decides anything.
+"""A step's remote-tier work on one rank: uploads of the blocks the manager sends up (tiers.remote.write says
+when), fetches of blocks the scheduler found in the remote store (into the DRAM slots it reserved). Nothing
+here decides anything.
 
 Provides:
     RemoteSteps(config, namespace, tiers)   config: tiers.remote (RemoteConfig); namespace: this rank's keys
-        upload(items) -> int                queue each RemoteItem's DRAM bytes (copied now: the slot may be
-                                            reused later in the step) on the bounded write-behind queue;
-                                            returns how many were queued (a full queue drops and counts)
+        upload(items) -> int                queue each RemoteItem's bytes, from its VRAM or DRAM slot in the
+                                            DRAM format (copied now: the slot may be reused later in the step;
+                                            remote_io.upload_rows) on the bounded write-behind queue; returns
+                                            how many were queued (a full queue drops and counts)
         fetch(items) -> dict[bytes, str]    fetch, verify (MAC when a secret is set; header: codec id, block
                                             hash, size; checksum) and write into DRAM the blocks; the blocks
                                             that were not, with why. Each block on its own: a bad value is a
                                             miss for its block, the others of the fetch are served
         take_counts() -> tuple[RemoteCount, ...]   since the last call, for the worker's report (the
                                             scheduler's remote_<event> counters): the writer's outcomes
-                                            (written, dropped_full, write_failures) and the blocks whose value
-                                            was refused (READ_EVENTS: bad_values, bad_macs, vanished)
+                                            (written, already_stored, dropped_full, write_failures) and the
+                                            blocks whose value was refused (READ_EVENTS: bad_values,
+                                            bad_macs, vanished; a refused value is told to the store, which
+                                            then neither fetches it again for a while nor skips its rewrite)
         stats() -> dict                     the writer's, the reads' and the store's counters
         close(timeout)                      wait for queued writes (at most timeout), then stop
 
@@ -35,11 +39,18 @@ from tiercache.config_remote import RemoteConfig
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, VANISHED, RemoteMiss, RemoteNamespace
 from tiercache.remote.store import open_store
 from tiercache.wire import RemoteCount, RemoteItem
-from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, batches_of, read_blocks, rows_of
+from tiercache.worker.remote_io import (
+    RemoteBlock,
+    RemoteWriter,
+    batches_of,
+    read_blocks,
+    rows_of,
+    upload_rows,
+)
 from tiercache.worker.tier_worker import TierWorker
 
 logger = logging.getLogger(__name__)
-WRITE_EVENTS = ("written", "dropped_full", "write_failures")
+WRITE_EVENTS = ("written", "already_stored", "dropped_full", "write_failures")
 READ_EVENTS = ("bad_values", "bad_macs", "vanished")  # blocks refused: value empty, of another size, wrong
 # header or checksum; MAC failed, missing or unexpected; key gone after the lookup
 _EVENT_OF = {BAD_VALUE: "bad_values", BAD_MAC: "bad_macs", VANISHED: "vanished"}
@@ -56,7 +67,7 @@ class RemoteSteps:
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
         queued = 0
-        for item, got in zip(items, self.tiers.dram_rows(items), strict=True):
+        for item, got in zip(items, upload_rows(self.tiers, items), strict=True):
             if isinstance(got, str):
                 self.not_uploaded += 1
                 logger.warning("tiercache: block %s %s", item.block_hash.hex()[:16], got)
@@ -97,6 +108,8 @@ class RemoteSteps:
         event = _EVENT_OF.get(miss.kind)
         if event is None:  # the store is down: it says so itself
             return
+        if miss.kind in (BAD_VALUE, BAD_MAC):  # not fetched again for a while; the next upload rewrites it
+            self.store.refuse(block_hash, miss)
         self._refused[event] += 1
         if self._refused[event] == 1:
             log = logger.info if miss.kind == VANISHED else logger.warning

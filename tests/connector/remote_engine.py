@@ -6,8 +6,11 @@ EngineProcess (below) is the tests' side: it starts the script and asks it comma
 Commands:
     {"run": [prompt, ...]}   greedy generation, one request at a time → {"tokens", "prompt_ids", "cached",
                              "new_hashes"
-                             (hex of the blocks the manager gained), "ids", "counters" (the scheduler's
-                             and inspection's remote_* counters), "remote_up"}
+                             (hex of the blocks the manager gained), "ids", "seconds" (each request's
+                             wall time), "counters" (the scheduler's and inspection's remote_* counters),
+                             "remote_up"}; a prompt is a string, or {"prompt": text, "cache_salt": salt}
+    {"batch": [prompt, ...]} the same, all requests in one generate call ("seconds": one, the call's)
+    {"holds": [hex, ...]}    where the manager holds these blocks now → {"tiers": [tier or None, ...]}
     {"counters": true}       the counters and the store's state now, without running anything →
                              {"counters", "remote_up"}
     {"flush": seconds}       wait for the remote write queue → {"flushed", "writer"}
@@ -28,6 +31,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RESULT_PREFIX = "RESULT "
@@ -72,13 +76,16 @@ class EngineProcess:
 
 
 def main(model: str, config: dict, llm_kwargs: dict) -> None:
-    from helpers import engine, generate, scheduler_side, tokens, worker_side
+    from helpers import MAX_TOKENS, engine, scheduler_side, tokens, worker_side
 
     log = logging.getLogger("tiercache")  # its remote-store lines (down, up, why) into this engine's log
     log.setLevel(logging.INFO)
     log.addHandler(logging.StreamHandler(sys.stderr))
 
     with engine(Path(model), config, **llm_kwargs) as llm:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)  # greedy, as helpers.generate
         sched = scheduler_side(llm)
 
         def state() -> dict:
@@ -88,15 +95,22 @@ def main(model: str, config: dict, llm_kwargs: dict) -> None:
         answer({"ready": True})
         for line in sys.stdin:
             cmd = json.loads(line)
-            if "run" in cmd:
+            if "run" in cmd or "batch" in cmd:
                 seen = set(sched.manager.view().hashes())
-                outs = generate(llm, cmd["run"])
+                outs, seconds = [], []
+                for group in [[p] for p in cmd["run"]] if "run" in cmd else [cmd["batch"]]:
+                    start = time.monotonic()
+                    outs += llm.generate(group, params, use_tqdm=False)  # one call: one request, or a batch
+                    seconds.append(time.monotonic() - start)
                 new = [h.hex() for h in sched.manager.view().hashes() if h not in seen]
                 cached = [o.num_cached_tokens for o in outs]
                 ids = [o.request_id for o in outs]
                 prompt_ids = [list(o.prompt_token_ids) for o in outs]
                 answer({"tokens": tokens(outs), "prompt_ids": prompt_ids, "cached": cached, "new_hashes": new,
-                        "ids": ids, **state()})  # fmt: skip
+                        "ids": ids, "seconds": seconds, **state()})  # fmt: skip
+            elif "holds" in cmd:
+                infos = [sched.manager.info(bytes.fromhex(h)) for h in cmd["holds"]]
+                answer({"tiers": [None if info is None else info.tier for info in infos]})
             elif "counters" in cmd:
                 answer(state())
             elif "flush" in cmd:

@@ -24,6 +24,25 @@ def test_remote_parses_and_round_trips(tmp_path):
     assert TierCacheConfig.from_dict({}).tiers.remote is None
 
 
+@pytest.mark.parametrize(
+    ("raw", "policy"),
+    [
+        (None, "through"),
+        ("through", "through"),
+        ("reused", "reused"),
+        ("evicted", "evicted"),
+        ("all", "evicted"),
+    ],
+)
+def test_write_policies_default_to_through_and_all_stays_evicted(raw, policy):
+    """Issue 38: engines that share a store need blocks up while they are held, so through is the default;
+    all, the name of before, keeps its meaning (a block goes up when dropped from DRAM) as evicted's alias."""
+    given = {"url": "redis://h"} | ({} if raw is None else {"write": raw})
+    remote = remote_config(given, "<t>")
+    assert remote.write == policy
+    assert remote_config(remote.to_dict(), "<t>") == remote
+
+
 def test_adapter_settings_pass_to_lmcache():
     remote = remote_config({"adapter": {"type": "mooncake_store", "master": "m:50051"}}, "<t>")
     assert remote.adapter_settings() == ("mooncake_store", {"master": "m:50051"})
@@ -44,7 +63,11 @@ def test_adapter_settings_pass_to_lmcache():
         ({"adapter": {"host": "h"}}, ["tiers.remote.adapter", "type"]),
         ({"url": "redis://h", "timeout": "0s"}, ["tiers.remote.timeout", "'0s'", "50ms"]),
         ({"url": "redis://h", "timeout": "soon"}, ["tiers.remote.timeout", "'soon'"]),
-        ({"url": "redis://h", "write": "some"}, ["tiers.remote.write", "'some'", "all", "reused"]),
+        (
+            {"url": "redis://h", "write": "some"},
+            ["tiers.remote.write", "'some'", "through", "reused", "evicted", "all is its old name"],
+        ),
+        ({"url": "redis://h", "write": ["all"]}, ["tiers.remote.write", "['all']", "through"]),
         ({"url": "redis://h", "queue_blocks": 0}, ["tiers.remote.queue_blocks", "0", "1.."]),
         ({"url": "redis://h", "queue_blocks": True}, ["tiers.remote.queue_blocks", "True"]),
         ({"url": "redis://h", "ttl": 3}, ["unknown", "'ttl'", "queue_blocks"]),

@@ -1,9 +1,12 @@
 """The remote tier's store path against a real redis-server: byte-exact round trips, misses with reasons for
 corrupted values and codec mismatches, the store stopped and restarted (a call meeting another thread's
-reconnect waits for it), the bounded write-behind queue."""
+reconnect waits for it; a silent one costs one timeout per reconnect interval), the bounded write-behind
+queue (one existence call per batch: a block the store holds is not written again)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -179,4 +182,71 @@ def test_full_write_queue_drops_and_counts(redis_server):
         assert s.exists(keys).found == tuple(accepted)
     finally:
         writer.close()
+        s.close()
+
+
+def test_the_writer_asks_once_per_batch_and_skips_blocks_the_store_holds(redis_server, monkeypatch):
+    """Issue 38: engines sharing a store write a common prefix once. Each batch of the write-behind queue is
+    one existence call; blocks the store holds are counted as already_stored and not put again, unless this
+    store refused their value (a reader found it bad): that one is written over."""
+    ns, keys, data = namespace(model="once"), hashes(4, salt=70), rows(4, seed=70)
+    s = store(redis_server.url, ns)
+    sums = [tuple(x) for x in block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()]
+    asked: list[list[bytes]] = []
+    gate = threading.Event()
+    real_exists = s.exists
+
+    def exists(hs):
+        asked.append(list(hs))
+        gate.wait(5)  # the first batch waits: the others queue up behind it, and go as one batch
+        return real_exists(hs)
+
+    monkeypatch.setattr(s, "exists", exists)
+    writer = RemoteWriter(s, max_blocks=8, batch_blocks=8)
+    try:
+        assert s.put(keys[1:3], _values(ns, keys[1:3], data[1:3])) is None  # another engine wrote 1 and 2
+        puts = s.stats()["puts"]
+        assert all(writer.offer(h, row, x) for h, row, x in zip(keys, data, sums, strict=True))
+        gate.set()
+        assert writer.flush(5)
+        assert len(asked) <= 2 and [h for batch in asked for h in batch] == keys  # one call per batch
+        stats = writer.stats()
+        assert (stats["written"], stats["already_stored"], s.stats()["puts"] - puts) == (2, 2, 2)
+        assert s.exists(keys).found == (True,) * 4
+
+        s.refuse(keys[1], RemoteMiss(BAD_VALUE, "test: a reader refused it"))
+        assert s.refused(keys[1])
+        assert writer.offer(keys[1], data[1], sums[1]) and writer.offer(keys[2], data[2], sums[2])
+        assert writer.flush(5)
+        stats = writer.stats()
+        assert (stats["written"], stats["already_stored"], s.stats()["puts"] - puts) == (3, 3, 3)
+        assert not s.refused(keys[1])  # its value is ours again
+        (block,) = read_blocks(s, keys[1:2])
+        assert isinstance(block, RemoteBlock) and torch.equal(block.row, data[1])
+    finally:
+        gate.set()
+        writer.close()
+        s.close()
+
+
+def test_on_a_silent_store_reconnect_attempts_are_an_interval_apart(redis_server):
+    """redis-server stopped (SIGSTOP: connections open, no answer): a lookup waits the timeout and marks the
+    store down; once the interval has passed one call tries to reconnect (its health-key write waits the
+    timeout). The next interval counts from the end of that failed attempt: calls right after it are told
+    "down" at once, so requests admitted together pay one timeout between them, not one each (issue 38)."""
+    keys = hashes(2, salt=80)
+    s = store(redis_server.url, namespace(model="silent"), timeout=0.3, reconnect_interval=0.3)
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        assert "timed out" in s.exists(keys).reason
+        time.sleep(0.3)
+        assert "health key" in s.exists(keys).reason  # the attempt: waits the timeout
+        waited = time.monotonic() - start
+        start = time.monotonic()
+        assert s.exists(keys).reason.startswith("remote store down")
+        assert time.monotonic() - start < 0.1, "a second attempt right after the first"
+        assert 0.85 <= waited < 1.5, waited
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
         s.close()

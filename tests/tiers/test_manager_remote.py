@@ -1,5 +1,6 @@
-"""TierManager's remote-tier verbs: which DRAM drops become uploads (write: all | reused | off), and fetches
-(prepare_fetch reserves pinned DRAM slots; complete_fetch makes them ready or releases them)."""
+"""TierManager's remote-tier verbs: which blocks go up and when (write: through, at the store; reused, at the
+first hit; evicted, at the DRAM drop; off), and fetches (prepare_fetch reserves pinned DRAM slots;
+complete_fetch makes them ready or releases them)."""
 
 import pytest
 from test_manager import h
@@ -7,10 +8,10 @@ from test_manager import make as manager
 
 from tiercache.scheduler.events import MissEvent, StoreEvent
 from tiercache.scheduler.manager import TierManager
-from tiercache.wire import DRAM, RemoteItem
+from tiercache.wire import DRAM, VRAM, RemoteItem
 
 
-def make(vram=2, dram=2, write="all") -> TierManager:
+def make(vram=2, dram=2, write="evicted") -> TierManager:
     return manager(vram, dram, remote_write=write)
 
 
@@ -30,7 +31,7 @@ def fill_then_overflow(m: TierManager) -> dict[bytes, int]:
     return slots
 
 
-def test_write_all_uploads_every_block_dropped_from_dram_with_its_slot():
+def test_write_evicted_uploads_every_block_dropped_from_dram_with_its_slot():
     m = make()
     slots = fill_then_overflow(m)
     assert sorted(m.take_uploads(), key=lambda x: x.block_hash) == [
@@ -40,19 +41,47 @@ def test_write_all_uploads_every_block_dropped_from_dram_with_its_slot():
     m.check()
 
 
-def test_write_reused_uploads_only_blocks_that_were_loaded():
+def test_write_through_uploads_every_block_once_stored_from_its_tier_and_slot():
+    m = make(vram=2, dram=2, write="through")
+    out = m.prepare_store([h(0), h(1), h(2)])  # two in VRAM, one in DRAM
+    assert m.take_uploads() == []  # not before the store completes: its bytes are not written yet
+    m.complete_store(out.block_hashes)
+    placed = zip(out.block_hashes, out.slots, out.tiers, strict=True)
+    assert m.take_uploads() == [RemoteItem(b, s, t) for b, s, t in placed]
+    assert {t for t in out.tiers} == {VRAM, DRAM}
+    store(m, [3, 4])  # drops from DRAM: already up, not queued again
+    assert m.take_uploads() == [RemoteItem(h(i), m.info(h(i)).slot, m.info(h(i)).tier) for i in (3, 4)]
+    m.complete_fetch(m.prepare_fetch([h(7)]).block_hashes)  # from the store: never written back
+    assert m.take_uploads() == []
+    out = m.prepare_store([h(5)])
+    m.complete_store(out.block_hashes, ok=False)  # a failed store is not uploaded
+    assert m.take_uploads() == []
+    m.check()
+
+
+def test_write_reused_uploads_a_block_at_its_first_hit_while_it_is_held():
     m = make(vram=1, dram=2, write="reused")
     store(m, [0])  # VRAM
     store(m, [1, 2])  # DRAM
-    assert m.prepare_load([h(1)]) is not None  # a hit (no warm: VRAM has no free slot)
-    m.complete_load([h(1)])
+    assert m.take_uploads() == []  # stored, never reused: not up
     slot = m.info(h(1)).slot
-    store(m, [3, 4])  # drops 1 and 2 from DRAM
-    assert m.info(h(1)) is None and m.info(h(2)) is None
-    assert m.take_uploads() == [RemoteItem(h(1), slot)]
+    assert m.prepare_load([h(1)]) is not None  # the first hit (no warm: VRAM has no free slot)
+    assert m.take_uploads() == [RemoteItem(h(1), slot, DRAM)]  # while it is held, pinned by its load
+    m.complete_load([h(1)])
+    assert m.prepare_load([h(0), h(1)]) is not None  # 0's first hit (VRAM); 1's second: not again
+    assert m.take_uploads() == [RemoteItem(h(0), m.info(h(0)).slot, VRAM)]
+    m.complete_load([h(0), h(1)])
+    store(m, [3, 4])  # drops from DRAM go nowhere
+    assert m.take_uploads() == []
+    m.check()
 
 
-@pytest.mark.parametrize("write", [None, "all"])
+def test_an_unknown_write_policy_is_refused():
+    with pytest.raises(ValueError, match="through"):
+        make(write="all")  # the config maps its old name to "evicted"
+
+
+@pytest.mark.parametrize("write", [None, "evicted"])
 def test_no_uploads_without_a_remote_tier_or_from_vram_drops(write):
     m = make(dram=0, write=write)  # no DRAM tier: the last-resort VRAM drops never go up
     store(m, [0, 1])

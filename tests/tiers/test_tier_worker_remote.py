@@ -1,14 +1,16 @@
 """TierWorker's DRAM-row verbs for the remote tier: dram_rows (an upload's bytes and recorded checksum, only
-from a slot that holds the block) and fill_dram (fetched rows into DRAM: loaded and verified like a store)."""
+from a slot that holds the block) and fill_dram (fetched rows into DRAM: loaded and verified like a store);
+remote_io.upload_rows: the same for uploads from VRAM slots too (write: through, reused)."""
 
 import pytest
 import torch
 from tier_blocks import random_blocks
 
 from tiercache.layout import BlockLayout
-from tiercache.wire import DRAM, LoadItem, RemoteItem, StoreItem
+from tiercache.wire import DRAM, VRAM, LoadItem, RemoteItem, StoreItem
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
+from tiercache.worker.remote_io import upload_rows
 from tiercache.worker.tier_worker import TierWorker
 
 LAYOUTS = [BlockLayout(2, 16, 2, 32, 32), BlockLayout(2, 3, 3, 30, 41)]
@@ -63,3 +65,35 @@ def test_filled_rows_load_and_verify_like_stored_blocks(layout):
     wrong = torch.zeros(1, 2, target.dram.layout.num_layers, 2, dtype=torch.int64)
     target.checksums.record(DRAM, [1], wrong)  # a wrong sum is caught
     assert target.verify(items, target.load(items))[1].startswith("checksum mismatch")
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_uploads_from_vram_slots_are_the_dram_rows_of_the_same_blocks(layout, checksums):
+    """A block uploaded from VRAM is byte for byte, checksum included, what the same block uploaded from DRAM
+    is: the store holds one format, whichever tier a block went up from."""
+    data = random_blocks(layout, 4, seed=5)
+    in_dram = worker_with_dram_blocks(layout, checksums)  # blocks 0..3 in DRAM slots 0..3 (seed 3)
+    in_dram.store([StoreItem(name(i), DRAM, i, i) for i in range(4)], data)
+    in_vram = TierWorker.create(layout, 4, 2, CODEC, device="cpu", pin=False)
+    if not checksums:
+        in_vram.checksums = None
+    in_vram.store([StoreItem(name(i), VRAM, 3 - i, i) for i in range(4)], data)  # block i in VRAM slot 3-i
+    want = in_dram.dram_rows([RemoteItem(name(i), i) for i in (2, 0)])
+    got = upload_rows(in_vram, [RemoteItem(name(2), 1, VRAM), RemoteItem(name(0), 3, VRAM)])
+    for (row, sums), (want_row, want_sums) in zip(got, want, strict=True):
+        assert same_sections(row, want_row, layout) and sums == want_sums
+        assert row.device.type == "cpu" and row.shape == (layout.dram_stride,)
+    mixed = upload_rows(
+        in_vram, [RemoteItem(name(1), 2, VRAM), RemoteItem(name(9), 0, VRAM), RemoteItem(name(3), 0, VRAM)]
+    )
+    assert same_sections(mixed[0][0], in_dram.dram_rows([RemoteItem(name(1), 1)])[0][0], layout)
+    assert mixed[1].startswith("not uploaded") and "holds block" in mixed[1]  # slot 0 holds block 3
+    assert isinstance(mixed[2], tuple)
+    both = upload_rows(in_dram, [RemoteItem(name(1), 1), RemoteItem(name(2), 1, VRAM)])
+    assert isinstance(both[0], tuple) and "holds no block" in both[1]  # in_dram's VRAM slots are empty
+
+
+def same_sections(a: torch.Tensor, b: torch.Tensor, layout: BlockLayout) -> bool:
+    """Two DRAM rows hold the same block (bytes between sections, alignment padding, are no part of it)."""
+    return block_views(a.unsqueeze(0), layout).equal(block_views(b.unsqueeze(0), layout))

@@ -153,7 +153,9 @@ class StoreConnection:
         return self._reason
 
     def _usable(self) -> Any:
-        """The adapter when up; when down, one reconnect attempt per reconnect_interval. A caller that meets
+        """The adapter when up; when down, one reconnect attempt per reconnect_interval, counted from the end
+        of the last failed one (an attempt on a silent store waits the timeout: callers in between are told
+        "down" at once, so requests admitted together pay one timeout, not one each). A caller that meets
         another thread's reconnect in flight waits for it (at most the timeout) and takes its outcome: the
         first call after the store is back is served, not told "down"."""
         if self._reason is None:
@@ -174,6 +176,8 @@ class StoreConnection:
             finally:
                 with self._lock:
                     self._attempt = None
+                    if self._reason is not None:  # the interval counts from the failed attempt's end
+                        self._retry_at = self.clock() + self.reconnect_interval
                 attempt.set()
         else:
             attempt.wait(self.config.timeout)

@@ -4,6 +4,9 @@ failed to load means (the contract: store.py's docstring).
 Provides:
     StoreLoads(StoreConnection)
         get(hashes) -> list[torch.Tensor | None], list[RemoteMiss | None]
+        refuse(block_hash, miss)     a value the reader refused (header, MAC, checksum): not fetched again
+                                     for refuse_for seconds, and rewritten by the next put of the block
+        refused(block_hash) -> bool  its value is refused now (a writer puts it even though the key exists)
 """
 
 from __future__ import annotations
@@ -145,6 +148,16 @@ class StoreLoads(StoreConnection):
             return RemoteMiss(BAD_VALUE, f"value never arrived within {self._ms}: empty or not a value")
         size = self.namespace.value_bytes
         return RemoteMiss(BAD_VALUE, f"value is not {size} bytes (empty, truncated or too long)")
+
+    def refuse(self, block_hash: bytes, miss: RemoteMiss) -> None:
+        self._refuse(block_hash, miss)
+
+    def refused(self, block_hash: bytes) -> bool:
+        if not self._refused:
+            return False
+        with self._lock:
+            until, _ = self._refused.get(block_hash, (0.0, None))
+        return self.clock() < until
 
     def _refuse(self, block_hash: bytes, miss: RemoteMiss) -> None:
         with self._lock:

@@ -9,6 +9,8 @@ Provides:
                                             why not, per block; only for blocks exists() found; in calls of at
                                             most max_call_bytes of values each
         put(hashes, values) -> str | None   store values (encode_value's); None when stored, else why not
+        refuse(hash, miss), refused(hash)   a value its reader refused: not fetched again for refuse_for
+                                            seconds; a writer rewrites it even though its key exists
         up, reason, stats() -> dict[str, int | str]
         close()
     open_store(config, namespace, **kw) -> RemoteStore   (TierCacheError naming the install command when
@@ -41,8 +43,10 @@ replacements, retried and refused_again; what a value's header, MAC and checksum
 The store is marked down only on transport failure: a lookup timing out, the health key missing from a lookup
 (the store was restarted, flushed or is unreachable: LMCache's lookups answer "not found" then), a put
 failing or timing out, or a replacement that cannot write the health key. While down, calls return at once
-with the reason (a miss, or a failed write) and, at most every reconnect_interval, one call builds a fresh
-adapter and writes the health key; success brings it back up. Going down is a warning naming the cause; a
+with the reason (a miss, or a failed write) and, once reconnect_interval has passed since the store went down
+or the last attempt failed, one call builds a fresh adapter and writes the health key (on a silent store that
+call waits the timeout: no two attempts follow each other without an interval between them); success brings
+it back up. Going down is a warning naming the cause; a
 retry failing the same way is counted (stats "failures") and logged at debug level, repeated as a warning at
 most every 60 s.
 Buffers of a timed-out call stay referenced until their adapter is closed (the native client may still

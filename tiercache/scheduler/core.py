@@ -8,7 +8,9 @@ Provides:
         codec_id, remote_write, policy, clock                   what the manager runs with
         _alloc {tier: SlotAllocator}, _index (BlockIndex), _jobs (JobBook), _retired (old slots of moved
         blocks that loads in flight still read), _mover (Mover), _log (EventLog) and _emit, _view,
-        _uploads (dropped DRAM blocks for the remote store's next plan)
+        _uploads (blocks for the remote store's next plan: RemoteItem with the tier and slot they are in),
+        _upload(entry, when)            queue entry's upload when the write policy is `when` (and it never
+                                        came from the store)
         _apply(plan)                    carry out a Mover's RoomPlan: drops (uploads queued), one spill job
         _start_move(src, dst, entries, slots) -> TransferJob   a job to fresh slots (freed if it fails)
         _emit_move(job, hash, stage, src, dst, reason) / _record_eviction(victim, tier_to)   their events
@@ -35,6 +37,7 @@ from tiercache.scheduler.views import ManagerView
 from tiercache.wire import DRAM, VRAM, RemoteItem, TransferJob
 
 logger = logging.getLogger("tiercache.scheduler.manager")  # the manager's lines, from whichever module
+REMOTE_WRITES = (None, "through", "evicted", "reused")  # tiers.remote.write (None: no remote tier)
 
 
 class ManagerCore:
@@ -50,9 +53,11 @@ class ManagerCore:
         max_events: int = 1_000_000,
         remote_write: str | None = None,
     ) -> None:
+        if remote_write not in REMOTE_WRITES:
+            raise ValueError(f"remote_write: got {remote_write!r}; expected one of {REMOTE_WRITES}")
         self.codec_id = codec_id
         self.remote_write = remote_write
-        self._uploads: list[RemoteItem] = []  # dropped DRAM blocks for the next plan
+        self._uploads: list[RemoteItem] = []  # blocks for the next plan's uploads
         self.policy = policy or LRUPolicy(clock)
         self.clock = clock
         self._alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
@@ -65,10 +70,12 @@ class ManagerCore:
         self._emit = self._log.emit
         self._view = ManagerView(self, self._index, self._alloc)
 
-    def _goes_up(self, entry: BlockEntry) -> bool:
-        if self.remote_write is None or entry.from_remote:
-            return False
-        return self.remote_write == "all" or entry.hits > 0
+    def _upload(self, entry: BlockEntry, when: str) -> None:
+        """Queue entry's upload from the slot it is in now, when the remote write policy is `when` ("through":
+        stored, "reused": first hit, "evicted": dropped from DRAM). The worker copies the slot's bytes at the
+        start of the next step, before that step's stores, fetches and jobs can write the slot."""
+        if self.remote_write == when and not entry.from_remote:
+            self._uploads.append(RemoteItem(entry.block_hash, entry.slot, entry.tier))
 
     def _apply(self, plan: RoomPlan) -> None:
         """Carry out a room plan: drops first (their slots freed in one pass per tier), then one spill job."""
@@ -76,8 +83,8 @@ class ManagerCore:
         for victim in plan.drops:
             entry = victim.entry
             self._record_eviction(victim, tier_to=None)
-            if entry.tier == DRAM and self._goes_up(entry):
-                self._uploads.append(RemoteItem(entry.block_hash, entry.slot))
+            if entry.tier == DRAM:
+                self._upload(entry, "evicted")
             self._index.remove(entry)
             freed.setdefault(entry.tier, []).append(entry.slot)
         for tier, slots in freed.items():

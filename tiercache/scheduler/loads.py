@@ -74,6 +74,8 @@ class LoadVerbs(ManagerCore):
             entry.refs += 1
             entry.hits += 1
             self._index.touch(entry, now)
+            if entry.hits == 1:  # its first reuse; pinned by this load until the upload has read it
+                self._upload(entry, "reused")
         out = PrepareLoadOutput(tuple(hashes), tuple(e.tier for e in entries), tuple(e.slot for e in entries))
         try:
             self._warm([e for e in entries if e.tier == DRAM], "load hit in dram", reserve=0)

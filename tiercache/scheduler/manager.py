@@ -5,10 +5,11 @@ Provides:
     TierManager.from_config(config, layout, codec_id, policy=None)
         the verbs of TierManagerBase (abstract.py), plus
         info(hash) -> BlockInfo | None      spill(n) -> int (the n coldest VRAM blocks to DRAM, now)
-        remote tier (remote_write "all" | "reused" | None):
-        take_uploads() -> list[RemoteItem]  DRAM blocks dropped since the last call that go to the remote
-                                            store ("all": every one; "reused": those loaded at least once;
-                                            never a block that came from the store)
+        remote tier (remote_write "through" | "evicted" | "reused" | None):
+        take_uploads() -> list[RemoteItem]  blocks that go up to the remote store, queued since the last
+                                            call, each with the tier and slot it is in ("through": every
+                                            block once stored; "reused": at its first hit; "evicted": when
+                                            dropped from DRAM; never a block that came from the store)
         prepare_fetch(hashes) -> PrepareLoadOutput | None   reserve DRAM slots for blocks the remote store
                                             holds, pinned as loads (None: no room, or a block is known here)
         complete_fetch(hashes, ok, reason)  the fetch and its load are done: ready in DRAM, or released

@@ -1,13 +1,14 @@
-"""The TierManager's remote-tier verbs (scheduler side): which dropped DRAM blocks go up to the remote store,
-and DRAM slots for blocks fetched from it. A mixin of ManagerCore (core.py); TierManager (manager.py)
-combines it with the other verb groups. The store itself is the connector's (tiercache.remote).
+"""The TierManager's remote-tier verbs (scheduler side): which blocks go up to the remote store, and DRAM
+slots for blocks fetched from it. A mixin of ManagerCore (core.py); TierManager (manager.py) combines it with
+the other verb groups. The store itself is the connector's (tiercache.remote).
 
 Provides:
-    RemoteVerbs (remote_write "all" | "reused" | None)
-        take_uploads() -> list[RemoteItem]  DRAM blocks dropped since the last call that go to the remote
-                                            store ("all": every one; "reused": those loaded at least once;
-                                            never a block that came from the store); ManagerCore._apply
-                                            queues them
+    RemoteVerbs (remote_write "through" | "evicted" | "reused" | None: tiers.remote.write)
+        take_uploads() -> list[RemoteItem]  blocks that go up, each with the tier and slot it is in when
+                                            queued (ManagerCore._upload): "through": every block when its
+                                            store completes (complete_store); "reused": at its first hit
+                                            (prepare_load); "evicted": when dropped from DRAM (_apply);
+                                            never a block that came from the store
         prepare_fetch(hashes) -> PrepareLoadOutput | None   reserve DRAM slots for blocks the remote store
                                             holds, pinned as loads (None: no room, or a block is known here)
         complete_fetch(hashes, ok, reason)  the fetch and its load are done: ready in DRAM, or released

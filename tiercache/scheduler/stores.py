@@ -96,6 +96,7 @@ class StoreVerbs(ManagerCore):
             if ok:
                 self._index.mark_ready(entry)
                 self._emit(StoreEvent, block_hash, "stored", tier=entry.tier, slot=entry.slot)
+                self._upload(entry, "through")
             else:
                 self._release_store(entry, "store failed")
         self._apply(self._mover.vram_room(0, self._jobs.leaving(VRAM)))

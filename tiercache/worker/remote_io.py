@@ -1,14 +1,21 @@
-"""Worker side of the remote tier: write-behind of blocks leaving DRAM, and verified reads of remote blocks.
+"""Worker side of the remote tier: write-behind of blocks going up, and verified reads of remote blocks.
 
 Provides:
+    upload_rows(tiers, items) -> list[(row, checksum) | str]   per upload (RemoteItem of VRAM or DRAM), its
+                                         slot's bytes in the DRAM format ([dram_stride] uint8 on the host, a
+                                         copy: the slot may be reused at once) and the block checksum
+                                         recorded at its store; a str: the slot does not hold that block.
+                                         DRAM: TierWorker.dram_rows; VRAM: the slots' sections packed into
+                                         DRAM rows on the device, then one copy to the host (on a GPU this
+                                         waits for the work queued before it: the cost of write: through)
     RemoteWriter(store, max_blocks, batch_blocks=32)
         offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, copied now, so
-                                         its DRAM slot may be reused at once; its MAC, when the store's
-                                         namespace has a secret, is computed on the writer's thread); False:
-                                         the queue is full and the block is dropped (counted, logged once per
-                                         burst)
+                                         its slot may be reused at once; its MAC, when the store's namespace
+                                         has a secret, is computed on the writer's thread); False: the queue
+                                         is full and the block is dropped (counted, logged once per burst)
         flush(timeout) -> bool           wait until every queued block was tried
-        stats() -> dict                  queued, written, dropped_full, write_failures, last_error
+        stats() -> dict                  queued, written, already_stored, dropped_full, write_failures,
+                                         last_error
         close()
     read_blocks(store, hashes) -> list[RemoteBlock | RemoteMiss]   fetch values and check each: size, MAC
                                          (when a secret is set: before anything else of the value is
@@ -26,8 +33,11 @@ as one strided view (header stripped, no copy) and keeps it as the blocks' batch
 each block once, into its DRAM slot.
 
 The queue is bounded (max_blocks values of HEADER_BYTES + dram_stride bytes each); one daemon thread drains
-it in batches of up to batch_blocks through RemoteStore.put (timeouts and reconnects are the store's). A
-failed batch is counted and dropped, never retried: the blocks are a cache.
+it in batches of up to batch_blocks: one RemoteStore.exists call for the batch, then RemoteStore.put of the
+blocks the store does not hold yet or holds a refused value of (RemoteStore.refused); the others are counted
+as already_stored, not written again: engines sharing a store write a common prefix once. Timeouts and
+reconnects are the store's. A failed batch (the
+existence call or the put) is counted and dropped, never retried: the blocks are a cache.
 """
 
 from __future__ import annotations
@@ -44,8 +54,10 @@ import torch
 
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, RemoteMiss, encode_value, parse_headers, sign_value
 from tiercache.remote.store import RemoteStore
+from tiercache.wire import DRAM, VRAM, RemoteItem
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
+from tiercache.worker.tier_worker import TierWorker
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +97,46 @@ def batches_of(blocks: Sequence[RemoteBlock]) -> list[range]:
         runs.append(range(k, end))
         k = end
     return runs
+
+
+Upload = tuple[torch.Tensor, tuple[int, int]] | str  # (row, block checksum), or why the slot is not read
+
+
+def upload_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
+    out: list[Upload] = [""] * len(items)
+    for tier, read in ((DRAM, tiers.dram_rows), (VRAM, _vram_rows)):
+        at = [i for i, item in enumerate(items) if item.tier == tier]
+        if at:
+            got = read([items[i] for i in at]) if tier == DRAM else read(tiers, [items[i] for i in at])
+            for i, upload in zip(at, got, strict=True):
+                out[i] = upload
+    return out
+
+
+def _vram_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
+    """VRAM slots' blocks as DRAM rows, with the checksums recorded at their stores (of the bytes read, when
+    checksums are off); an item whose slot does not hold its block (tag) is not read."""
+    wrongs = [tiers.tags.refusal(VRAM, item.slot, item.block_hash, tiers.codec_id) for item in items]
+    out: list[Upload] = [f"not uploaded: {wrong}" for wrong in wrongs]
+    slots = [item.slot for item, wrong in zip(items, wrongs, strict=True) if wrong is None]
+    if not slots:
+        return out
+    layout = tiers.vram.layout
+    blocks = tiers.vram.read(slots)  # [L, n, …] per section, on the pool's device
+    device = blocks.k_packed.device
+    staging = torch.zeros(len(slots), layout.dram_stride, dtype=torch.uint8, device=device)  # padding: 0
+    for name, view in block_views(staging, layout).tensors().items():
+        view.copy_(getattr(blocks, name))
+    if tiers.checksums is not None:
+        pieces = tiers.checksums.get(VRAM, tiers.vram.slot_index(slots))  # [n, 2, L, 2] int64
+    else:
+        pieces = checksums_of(blocks)
+    sums = iter(zip(staging.cpu(), block_checksum(pieces, layout).tolist(), strict=True))
+    for i, wrong in enumerate(wrongs):
+        if wrong is None:
+            row, pair = next(sums)
+            out[i] = (row, (pair[0], pair[1]))
+    return out
 
 
 class RemoteWriter:
@@ -157,23 +209,38 @@ class RemoteWriter:
                 return
 
     def _write(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
-        namespace = self.store.namespace
+        """One existence call for the batch, then one put of the blocks the store does not hold."""
+        held = 0
         try:
-            if namespace.mac is not None:
-                for _, value in batch:
-                    sign_value(namespace, value)
-            reason = self.store.put([h for h, _ in batch], [v for _, v in batch])
+            answer = self.store.exists([h for h, _ in batch])
+            reason = answer.reason
+            if reason is None:
+                todo = [  # a held value this store refused (bad) is written over
+                    item
+                    for item, found in zip(batch, answer.found, strict=True)
+                    if not found or self.store.refused(item[0])
+                ]
+                held = len(batch) - len(todo)
+                reason = self._put(todo) if todo else None
         except Exception as exc:  # a bug in the store path must not kill the thread
             logger.exception("tiercache: remote write failed")
             reason = f"write raised {exc!r}"
         with self._idle:
             if reason is None:
-                self._stats["written"] += len(batch)
+                self._stats["written"] += len(batch) - held
+                self._stats["already_stored"] += held
             else:
-                self._stats["write_failures"] += len(batch)
+                self._stats["write_failures"] += len(batch) - held
                 self._last_error = reason
             self._pending -= len(batch)
             self._idle.notify_all()
+
+    def _put(self, batch: list[tuple[bytes, torch.Tensor]]) -> str | None:
+        namespace = self.store.namespace
+        if namespace.mac is not None:
+            for _, value in batch:
+                sign_value(namespace, value)
+        return self.store.put([h for h, _ in batch], [v for _, v in batch])
 
 
 def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock | RemoteMiss]:
