@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tiercache import config_yaml
+from tiercache import files
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, clipped
 
@@ -133,7 +133,7 @@ def test_an_unreadable_config_file_is_an_error_naming_the_file_and_the_fix(tmp_p
     def denied(*args, **kwargs):  # root reads any mode of file: the refusal os.open gives another user
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(config_yaml.os, "open", denied)
+    monkeypatch.setattr(files.os, "open", denied)
     refused(lambda: TierCacheConfig.from_yaml(path), str(path), "Permission denied", "may read the file")
 
 

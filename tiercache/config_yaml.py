@@ -17,8 +17,6 @@ over MAX_NODES). Integers of more than 40 digits are kept as text, so the key's 
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from tiercache.errors import ConfigError, clipped, shown
+from tiercache.files import NotRegularFile, read_regular
 
 MAX_FILE_BYTES = 64 << 10
 MAX_DEPTH = 8
@@ -56,11 +55,12 @@ def _read_text(path: Path, name: str) -> str:
     if "\0" in str(path):
         raise ConfigError(f"cannot read config file {name}: a path has no NUL character; check the path")
     try:
-        _check_regular(os.stat(path).st_mode, name)  # before opening: opening a FIFO with no writer blocks
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as f:
-            _check_regular(os.fstat(fd).st_mode, name)  # the path may name another file since the stat
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = read_regular(path, MAX_FILE_BYTES)
+    except NotRegularFile as exc:
+        raise ConfigError(
+            f"config file {name} is {exc.kind}, not a regular file; give the path of a tiers YAML file "
+            "(examples/tiers.yaml shows the format)"
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"cannot read config file {name}: {exc.strerror or exc}; check the path, and that this process "
@@ -83,21 +83,6 @@ def _read_text(path: Path, name: str) -> str:
         raise ConfigError(
             f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
         ) from None
-
-
-def _check_regular(mode: int, name: str) -> None:
-    if not stat.S_ISREG(mode):
-        raise ConfigError(
-            f"config file {name} is {_kind(mode)}, not a regular file; give the path of a tiers YAML file "
-            "(examples/tiers.yaml shows the format)"
-        )
-
-
-def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))  # fmt: skip
-    return next((what for test, what in kinds if test(mode)), "not a file")
 
 
 class _BoundedLoader(yaml.SafeLoader):

@@ -20,8 +20,9 @@ import hashlib
 import hmac
 import os
 import re
-import stat
 from pathlib import Path
+
+from tiercache.files import NotRegularFile, read_regular
 
 SECRET_SOURCES = ("env", "file")
 MIN_SECRET_BYTES = 16  # 128 bits when random
@@ -113,15 +114,13 @@ def _from_file(name: object, key_name: str) -> bytes:
         raise ValueError(
             f"{key_name}.file: got {_kind(name)}; expected the path of a file holding the secret"
         )
-    path = Path(name).expanduser()
     try:
-        if not stat.S_ISREG(path.stat().st_mode):  # before opening: a FIFO with no writer would block
-            raise ValueError(
-                f"{key_name}.file: {_path(name)} is not a regular file; give the path of a file holding the "
-                f"secret ({_MAKE} > FILE; chmod 600 FILE)"
-            )
-        with path.open("rb") as f:
-            data = f.read(MAX_SECRET_BYTES + 64)
+        data = read_regular(Path(name).expanduser(), MAX_SECRET_BYTES + 64)
+    except NotRegularFile as exc:
+        raise ValueError(
+            f"{key_name}.file: {_path(name)} is {exc.kind}, not a regular file; give the path of a file "
+            f"holding the secret ({_MAKE} > FILE; chmod 600 FILE)"
+        ) from None
     except OSError as exc:
         raise ValueError(
             f"{key_name}.file: cannot read {_path(name)} ({exc.strerror or type(exc).__name__}); give the "
