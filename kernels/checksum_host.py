@@ -5,6 +5,9 @@ Provides:
     piece_checksums_host(groups, blocks=None) -> [n, G, L, 2] int64   groups: G sequences of [L, NB, …] CPU
                                                                        tensors; blocks: which of the NB
                                                                        blocks (None: all)
+    host_threads() -> ThreadPoolExecutor   the process's one pool of MAX_THREADS threads for host byte work
+                                           that releases the GIL (these sums; the remote values' MACs)
+    PARALLEL_BYTES, MAX_THREADS            from how many bytes such work is split, over at most how many
 
 How: a section's words w[l, b, j] (j < W words of one piece of the section) sit at positions base + j + 1 of
 their piece, so per (layer, block)
@@ -46,14 +49,14 @@ def piece_checksums_host(
         return _sums(groups)
     step = -(-n // workers)
     chunks = [[[t[:, i : i + step] for t in group] for group in groups] for i in range(0, n, step)]
-    return torch.cat(list(_threads().map(_sums, chunks)))
+    return torch.cat(list(host_threads().map(_sums, chunks)))
 
 
-def _threads() -> ThreadPoolExecutor:
+def host_threads() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="tiercache-checksum")
+            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="tiercache-host")
         return _pool
 
 

@@ -9,8 +9,9 @@ Provides:
     sign_value(namespace, value)      write the MAC of an encode_value(…, sign=False) value (in place)
     parse_header(value, namespace, block_hash) -> (checksum, payload) | RemoteMiss
     parse_headers(values, namespace, hashes) -> list of the same   a batch: its MACs checked on up to
-                                      MAX_THREADS threads when it holds PARALLEL_BYTES or more (hashlib
-                                      releases the GIL while it hashes)
+                                      MAX_THREADS threads of kernels.checksum_host.host_threads when it
+                                      holds PARALLEL_BYTES or more (hashlib releases the GIL while it
+                                      hashes)
     RemoteMiss(kind, reason)          why a block's value is not served; kinds: DOWN (no value: the store is
                                       down or failed), VANISHED (the key went away after the lookup),
                                       BAD_VALUE (empty, of another size, wrong header or checksum), BAD_MAC
@@ -40,14 +41,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
+from tiercache.kernels.checksum_host import MAX_THREADS, PARALLEL_BYTES, host_threads
 from tiercache.layout import BlockLayout
 from tiercache.remote.secret import RemoteSecret
 
@@ -62,10 +62,6 @@ _CODEC_AT = 104
 _MAC_AT = 224
 _CODEC_MAX = {VERSION: HEADER_BYTES - _CODEC_AT, VERSION_MAC: _MAC_AT - _CODEC_AT}
 _MAC_DOMAIN = b"tiercache remote value\x00"
-PARALLEL_BYTES = 32 << 20
-MAX_THREADS = 8
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -157,7 +153,7 @@ def parse_headers(
     workers = min(torch.get_num_threads(), MAX_THREADS, len(values))
     macs: Sequence[bool | None] = [None] * len(values)
     if namespace.mac is not None and workers > 1 and sum(v.numel() for v in values) >= PARALLEL_BYTES:
-        macs = list(_threads().map(lambda v: _mac_ok(namespace, v), values))
+        macs = list(host_threads().map(lambda v: _mac_ok(namespace, v), values))
     return [parse_header(v, namespace, h, ok) for v, h, ok in zip(values, hashes, macs, strict=True)]
 
 
@@ -220,14 +216,6 @@ def _mac_ok(namespace: RemoteNamespace, value: torch.Tensor) -> bool | None:
     if struct.unpack_from("<H", data, 4)[0] != namespace.version:
         return None
     return namespace.mac.verify(data[_MAC_AT:HEADER_BYTES].tobytes(), *_mac_parts(namespace, data))
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="tiercache-mac")
-        return _pool
 
 
 def _mac_parts(namespace: RemoteNamespace, data) -> tuple[bytes, memoryview, memoryview]:
