@@ -96,12 +96,12 @@ def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) 
         return None
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"tiers.remote: got {_short(raw)} ({source}); expected a mapping such as {_EXAMPLE}"
+            f"tiers.remote: got {shown(raw, 80)} ({source}); expected a mapping such as {_EXAMPLE}"
         )
     unknown = [k for k in raw if k not in REMOTE_KEYS]
     if unknown:
         raise ConfigError(
-            f"tiers.remote: unknown key(s) {', '.join(_short(k, 40) for k in unknown[:8])} ({source}); "
+            f"tiers.remote: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:8])} ({source}); "
             f"valid keys: {', '.join(REMOTE_KEYS)}"
         )
     if lmcache_installed is None:
@@ -135,15 +135,15 @@ def _url(raw: Any, source: str) -> str:
     if m is None or m["scheme"] not in URL_SCHEMES or not 0 < int(m["port"] or 6379) < 65536:
         why = "" if plain or not isinstance(raw, str) else ": a URL has no space or control character"
         raise ConfigError(
-            f"tiers.remote.url: got {_short(_redacted(raw))} ({source}){why}; expected redis://host:port or "
-            "valkey://host:port (optionally user:password@ before the host; port 1..65535), e.g. "
+            f"tiers.remote.url: got {shown(_redacted(raw), 80)} ({source}){why}; expected redis://host:port "
+            "or valkey://host:port (optionally user:password@ before the host; port 1..65535), e.g. "
             "redis://127.0.0.1:6379; for another LMCache backend set tiers.remote.adapter instead"
         )
     why = host_problem(m["host"].strip("[]"), ipv6=False)
     if why is not None:
         raise ConfigError(
-            f"tiers.remote.url: host {_short(m['host'])} ({source}): {why}; expected a DNS name or an IPv4 "
-            "address, e.g. redis://127.0.0.1:6379 or redis://cache.internal:6379"
+            f"tiers.remote.url: host {shown(m['host'], 80)} ({source}): {why}; expected a DNS name or an "
+            "IPv4 address, e.g. redis://127.0.0.1:6379 or redis://cache.internal:6379"
         )
     return raw
 
@@ -155,7 +155,7 @@ def _timeout(raw: Any, source: str) -> float:
         raise ConfigError(f"tiers.remote.timeout: {exc} ({source})") from None
     if not 0 < seconds <= MAX_TIMEOUT:
         raise ConfigError(
-            f"tiers.remote.timeout: got {_short(raw)} ({source}); expected a duration in "
+            f"tiers.remote.timeout: got {shown(raw, 80)} ({source}); expected a duration in "
             f"(0, {MAX_TIMEOUT:g}s], "
             f"{DURATION_FORMS}: how long a lookup or load may wait before the block is recomputed (e.g. 50ms)"
         )
@@ -167,7 +167,7 @@ def _write(raw: Any, source: str) -> str:
         return WRITE_ALIASES[raw]
     if raw not in WRITE_POLICIES:
         raise ConfigError(
-            f"tiers.remote.write: got {_short(raw)} ({source}); expected through (every block goes up as "
+            f"tiers.remote.write: got {shown(raw, 80)} ({source}); expected through (every block goes up as "
             "soon as it is stored: the default, what engines sharing a store want), reused (a block goes up "
             "at its first hit) or evicted (a block goes up when dropped from DRAM; all is its old name)"
         )
@@ -177,7 +177,7 @@ def _write(raw: Any, source: str) -> str:
 def _queue_blocks(raw: Any, source: str) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_QUEUE_BLOCKS:
         raise ConfigError(
-            f"tiers.remote.queue_blocks: got {_short(raw)} ({source}); expected an integer "
+            f"tiers.remote.queue_blocks: got {shown(raw, 80)} ({source}); expected an integer "
             f"1..{MAX_QUEUE_BLOCKS:,}: the blocks that may wait for the remote store before further writes "
             "are dropped"
         )
@@ -194,8 +194,3 @@ def _secret(raw: Any, source: str) -> RemoteSecret:
 def _redacted(url: Any) -> Any:
     """A URL as a message may quote it: its password replaced by ***."""
     return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url) if isinstance(url, str) else url
-
-
-def _short(value: object, limit: int = 80) -> str:
-    """A value as a message quotes it: a repr of at most `limit` characters, control characters escaped."""
-    return shown(value, limit)

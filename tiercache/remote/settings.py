@@ -76,14 +76,14 @@ def host_problem(host: object, ipv6: bool = True) -> str | None:
 def check_adapter(raw: Any, source: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str) or not raw["type"]:
         raise ConfigError(
-            f"tiers.remote.adapter: got {_short(raw)} ({source}); expected an LMCache L2 adapter's settings "
-            f"with its type, e.g. {_RESP_EXAMPLE} (types: resp, mooncake_store, s3, valkey, fs, …)"
+            f"tiers.remote.adapter: got {shown(raw, 80)} ({source}); expected an LMCache L2 adapter's "
+            f"settings with its type, e.g. {_RESP_EXAMPLE} (types: resp, mooncake_store, s3, valkey, fs, …)"
         )
     kind = raw["type"]
     if kind not in ADAPTER_TYPES:
         close = difflib.get_close_matches(kind, ADAPTER_TYPES, n=1, cutoff=0.6)
         raise ConfigError(
-            f"tiers.remote.adapter.type: got {_short(kind)} ({source}); "
+            f"tiers.remote.adapter.type: got {shown(kind, 80)} ({source}); "
             + (f"did you mean {close[0]}? " if close else "")
             + f"LMCache's adapter types are {', '.join(ADAPTER_TYPES)} (a third-party adapter: type plugin, "
             "with module_path and class_name)"
@@ -107,7 +107,7 @@ def _check_resp(raw: dict[str, Any], source: str) -> None:
     unknown = [k for k in raw if k not in RESP_KEYS]
     if unknown:
         raise ConfigError(
-            f"tiers.remote.adapter: unknown key(s) {', '.join(_short(k, 40) for k in unknown[:6])} for type "
+            f"tiers.remote.adapter: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:6])} for type "
             f"resp ({source}); its keys are {', '.join(RESP_KEYS)} (LMCache would ignore the others)"
         )
     for key in ("host", "port"):
@@ -119,8 +119,8 @@ def _check_resp(raw: dict[str, Any], source: str) -> None:
     why = host_problem(raw["host"], ipv6=False)
     if why is not None:
         raise ConfigError(
-            f"tiers.remote.adapter.host: got {_short(raw['host'])} ({source}): {why}; expected a DNS name or "
-            "an IPv4 address of the Redis/Valkey server, e.g. 127.0.0.1 or cache.internal"
+            f"tiers.remote.adapter.host: got {shown(raw['host'], 80)} ({source}): {why}; expected a DNS name "
+            "or an IPv4 address of the Redis/Valkey server, e.g. 127.0.0.1 or cache.internal"
         )
 
 
@@ -145,7 +145,7 @@ def _check_bounds(raw: dict[str, Any], source: str) -> None:
             or not 0 <= value <= MAX_CAPACITY_GB
         ):
             raise ConfigError(
-                f"tiers.remote.adapter.max_capacity_gb: got {_short(value)} ({source}); expected a number "
+                f"tiers.remote.adapter.max_capacity_gb: got {shown(value, 80)} ({source}); expected a number "
                 f"of GB in 0..{MAX_CAPACITY_GB} (0: no limit)"
             )
     nodes = raw.get("startup_nodes")
@@ -157,8 +157,8 @@ def _check_bounds(raw: dict[str, Any], source: str) -> None:
                 why = "its port is not 1..65535"
             if why is not None:
                 raise ConfigError(
-                    f"tiers.remote.adapter.startup_nodes: entry {_short(node)} ({source}): {why}; expected "
-                    "host:port[,host:port…], e.g. 10.0.0.5:6379"
+                    f"tiers.remote.adapter.startup_nodes: entry {shown(node, 80)} ({source}): {why}; "
+                    "expected host:port[,host:port…], e.g. 10.0.0.5:6379"
                 )
 
 
@@ -166,7 +166,7 @@ def _check_value(name: str, key: object, value: Any, source: str, depth: int) ->
     """Every string free of NUL and control characters (C libraries cut or misread them), every number
     finite, nesting and sizes bounded."""
     hidden = isinstance(key, str) and any(word in key.lower() for word in _SECRET_WORDS)
-    shown_value = "(not shown)" if hidden else _short(value)
+    shown_value = "(not shown)" if hidden else shown(value, 80)
     if depth > _MAX_DEPTH or (isinstance(value, (dict, list)) and len(value) > _MAX_KEYS):
         raise ConfigError(f"{name}: nested too deep or too large ({source}); expected plain adapter settings")
     if isinstance(value, str) and (len(value) > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in value)):
@@ -186,7 +186,7 @@ def _check_value(name: str, key: object, value: Any, source: str, depth: int) ->
 def _integer(name: str, value: Any, low: int, high: int, what: str, source: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(
-            f"{name}: got {_short(value)} ({source}); expected an integer {low}..{high}: {what}"
+            f"{name}: got {shown(value, 80)} ({source}); expected an integer {low}..{high}: {what}"
         )
 
 
@@ -198,7 +198,7 @@ def _importable(module_path: str, source: str) -> None:
         found = False
     if not found:
         raise ConfigError(
-            f"tiers.remote.adapter.module_path: {_short(module_path)} cannot be imported here ({source}); "
+            f"tiers.remote.adapter.module_path: {shown(module_path, 80)} cannot be imported here ({source}); "
             "expected the dotted import path of an installed module holding the adapter class"
         )
 
@@ -210,7 +210,7 @@ def _lmcache_accepts(kind: str, settings: dict[str, Any], source: str) -> None:
         importlib.import_module(f"{_LMC}.{kind.replace('-', '_')}_l2_adapter")
         config_class = importlib.import_module(f"{_LMC}.config").get_l2_adapter_config_class(kind)
     except ImportError as exc:
-        missing = f"the Python module {exc.name!r}" if exc.name else _short(str(exc))
+        missing = f"the Python module {exc.name!r}" if exc.name else shown(str(exc), 80)
         raise ConfigError(
             f"tiers.remote.adapter.type: {kind} needs {missing}, which is not installed here ({source}); "
             "install the package that provides it, or choose another adapter type"
@@ -229,14 +229,9 @@ def _lmcache_accepts(kind: str, settings: dict[str, Any], source: str) -> None:
         ) from None
 
 
-def _short(value: object, limit: int = 80) -> str:
-    """A value as a message quotes it: a repr of at most `limit` characters (control characters escaped)."""
-    return shown(value, limit)
-
-
 def _name(key: object) -> str:
     """A settings key as a message names it: bare when it is a short identifier, else quoted."""
-    return key if isinstance(key, str) and key.isidentifier() and len(key) <= 40 else _short(key, 40)
+    return key if isinstance(key, str) and key.isidentifier() and len(key) <= 40 else shown(key, 40)
 
 
 def _text(exc: BaseException, limit: int) -> str:
