@@ -6,6 +6,7 @@ tokens/s, decode step time and output tokens/s.
     python -m benchmarks.serve --configs bf16,fp8,vllm-tq-k8v4,vllm-tq-4bit   # vLLM's own caches
     python -m benchmarks.serve --configs bf16,tq4 --sets 2x1024 --layers 2     # a quick check
     python -m benchmarks.serve --configs bf16,tq4,tq4-exact2,k8v4-exact2         # boundary layers exact
+    python -m benchmarks.serve --tp 2 --layers 32    # tensor parallelism: 4 KV heads and --kv-gib per GPU
 
 Each configuration runs in its own process with the same `--kv-gib` of KV cache memory
 (kv_cache_memory_bytes), dummy weights and vLLM's default compilation (CUDA graphs where the backend allows;
@@ -79,7 +80,7 @@ def child(args: argparse.Namespace) -> None:
         model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_model_len=max(length for _, length in sets) + 2 * args.steps, enable_prefix_caching=True,
         kv_cache_memory_bytes=int(args.kv_gib * 2**30), max_num_seqs=max(n for n, _ in sets),
-        kv_cache_dtype=dtype, enforce_eager=args.eager, **options,
+        kv_cache_dtype=dtype, enforce_eager=args.eager, tensor_parallel_size=args.tp, **options,
     )  # fmt: skip
     start_s = time.perf_counter() - started
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # single-process engine
@@ -113,7 +114,7 @@ def run_child(config: str, args: argparse.Namespace) -> dict | str:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     command = [sys.executable, "-m", "benchmarks.serve", "--child", "--config", config,
                "--layers", str(args.layers), "--kv-gib", str(args.kv_gib), "--sets", args.sets,
-               "--steps", str(args.steps)]  # fmt: skip
+               "--steps", str(args.steps), "--tp", str(args.tp)]  # fmt: skip
     if args.eager:
         command.append("--eager")
     return _child.run_child(command, env, config)
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--sets", default="16x32768,64x8192", help="N x L sets, comma separated")
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed per set")
     parser.add_argument("--eager", action="store_true", help="enforce_eager for every configuration")
+    parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (--kv-gib is per GPU)")
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,8 +141,8 @@ def main() -> None:
         print(f"{config}: {results[config]}", flush=True)
     base = results.get("bf16")
     base = base if isinstance(base, dict) else None
-    print(f"\n{args.layers} layers of Llama-3.1-8B shape, {args.kv_gib:g} GiB of KV cache each, "
-          f"{'eager' if args.eager else 'default compilation'}")  # fmt: skip
+    print(f"\n{args.layers} layers of Llama-3.1-8B shape, {args.kv_gib:g} GiB of KV cache per GPU, "
+          f"tensor parallel {args.tp}, {'eager' if args.eager else 'default compilation'}")  # fmt: skip
     print("config | tokens held | × bf16 | set | prefill tok/s | × bf16 | decode step ms | × bf16 | "
           "out tok/s")  # fmt: skip
     for config, res in results.items():

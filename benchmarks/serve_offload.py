@@ -5,6 +5,7 @@ vLLM's native CPU offload (kv_offloading_size, bf16) and tiercache's connector w
 
     python -m benchmarks.serve_offload                       # Llama-3.1-8B shapes, dummy weights
     python -m benchmarks.serve_offload --users 4 --context 2048 --layers 4 --cases fits    # quick check
+    python -m benchmarks.serve_offload --tp 2 --cases tight,pressure    # tensor parallelism on two GPUs
 
 A turn: the user's fixed context of `--context` random tokens plus 32 tokens new in this round, then
 `--max-tokens` greedy tokens; users go one after another (each request alone), every user once a round.
@@ -17,7 +18,11 @@ not recomputed in steady rounds (vLLM's num_cached_tokens: GPU prefix hits plus 
 and the steady round time against its baseline: native offload with the same host memory, or (checksums)
 the connector with checksums off.
 
-Cases (host memory per engine; bf16 needs 128 KiB per token at 32 layers, k8v4 50 KiB):
+With `--tp N` every size is per rank (GPU KV per GPU, host memory per rank: tiercache's tiers.dram is per
+rank, vLLM's kv_offloading_size is the sum over ranks, so native gets N times the per-rank figure).
+
+Cases (host memory per engine and rank; bf16 needs 128 KiB per token at 32 layers, k8v4 50 KiB; each rank
+holds 1/N of it):
   fits      both tiers hold every context           (native and tiercache with --fits-gib)
   tight     only tiercache's compressed tier holds all (both with --tight-gib)
   pressure  neither holds all: tiercache with --pressure-gib (graph and lru policies) against native with
@@ -52,8 +57,8 @@ def child(args: argparse.Namespace) -> None:
     (model / "config.json").write_text(json.dumps({**LLAMA_8B, "num_hidden_layers": args.layers}))
     gpu_kv = args.gpu_kv_gib
     options = {}
-    if kind == "native":
-        options = {"kv_offloading_size": float(host_gib), "kv_offloading_backend": "native"}
+    if kind == "native":  # vLLM's size is the sum over the ranks
+        options = {"kv_offloading_size": float(host_gib) * args.tp, "kv_offloading_backend": "native"}
     elif kind in ("tiercache", "unchecked"):
         gpu_kv -= args.vram_gib  # the VRAM tier comes out of the same GPU memory
         tiers = {"vram": f"{int(args.vram_gib * 1024)}MiB", "dram": f"{int(float(host_gib) * 1024)}MiB"}
@@ -70,7 +75,8 @@ def child(args: argparse.Namespace) -> None:
     llm = LLM(
         model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_model_len=args.context + 32 + args.max_tokens + 16, enable_prefix_caching=True,
-        enforce_eager=args.eager, kv_cache_memory_bytes=int(gpu_kv * 2**30), **options,
+        enforce_eager=args.eager, kv_cache_memory_bytes=int(gpu_kv * 2**30), tensor_parallel_size=args.tp,
+        **options,
     )  # fmt: skip
     rng = random.Random(7)
     contexts = [[rng.randrange(1000, 100_000) for _ in range(args.context)] for _ in range(args.users)]
@@ -100,6 +106,7 @@ def run_child(engine: str, args: argparse.Namespace) -> dict | str:
         "vram_gib",
         "codec",
         "advisor_ms",
+        "tp",
     )
     for name in names:
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -131,7 +138,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--gpu-kv-gib", type=float, default=8.0, help="GPU memory for KV, every engine")
+    parser.add_argument("--gpu-kv-gib", type=float, default=8.0, help="GPU KV memory, every engine, per GPU")
+    parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size; host sizes are per rank")
     parser.add_argument("--vram-gib", type=float, default=0.5, help="tiercache's VRAM tier (from the above)")
     parser.add_argument("--codec", default="k8v4")
     parser.add_argument("--cases", default="fits,tight,pressure", help="any of fits,tight,pressure,checksums")
@@ -171,9 +179,10 @@ def main() -> None:
         return sum(r["s"] for r in later) / len(later), sum(r["cached"] for r in later) / len(later)
 
     print(f"\n{args.users} users × {args.context} tokens, {args.layers} layers, "
-          f"GPU KV {args.gpu_kv_gib:g} GiB, {args.rounds} rounds, codec {args.codec}, "
+          f"GPU KV {args.gpu_kv_gib:g} GiB per GPU, tensor parallel {args.tp}, {args.rounds} rounds, "
+          f"codec {args.codec}, "
           f"{'eager' if args.eager else 'CUDA graphs'}")  # fmt: skip
-    print("case | engine | host GiB | round s (each) | steady s | cached % (steady) | against baseline")
+    print("case | engine | host GiB/rank | round s (each) | steady s | cached % (steady) | against baseline")
     for case, engine, baseline in rows:
         res, mine = results[engine], steady(engine)
         kind, gib, policy = engine.split(":")

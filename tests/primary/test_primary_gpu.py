@@ -1,17 +1,23 @@
 """Primary mode on a GPU (skipped without CUDA): the tiny Llama at head_dim 128 served with
 --attention-backend CUSTOM on vLLM's CUDA path (on vLLM 0.26 the page comes from --kv-cache-dtype), float32
 so that greedy tokens compare exactly with the plain-PyTorch reference of the same quantization; and with
-layers 0 and 3 of a 4-layer one kept exact (codec.exact_layers, vLLM's --kv-cache-dtype-skip-layers)."""
+layers 0 and 3 of a 4-layer one kept exact (codec.exact_layers, vLLM's --kv-cache-dtype-skip-layers); and
+with tensor parallelism on two GPUs (skipped with one)."""
 
 from __future__ import annotations
 
 import pytest
 import reference
-from helpers import engine
+import torch
+from helpers import connector_config, engine
 from tiny_llama import build_tiny_llama, words_prompt
 
 MAX_TOKENS = 12
 PROMPTS = [words_prompt(100 * i, n) for i, n in enumerate((10, 33, 70, 150, 300))]
+
+
+def _two_gpus() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
 @pytest.mark.gpu
@@ -71,3 +77,37 @@ def test_gpu_exact_boundary_layers_equal_the_reference(tmp_path, monkeypatch, ea
     ref = reference.load(model, "tq4", (0, 3))
     expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in outs]
     assert [list(o.outputs[0].token_ids) for o in outs] == expect
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="tensor_parallel_size=2 needs two GPUs")
+def test_gpu_tensor_parallel_prefix_and_tier_hits_equal_the_reference(tmp_path, monkeypatch):
+    """tensor_parallel_size=2 with CUDA graphs: a Llama of 8 KV heads at head_dim 128 (4 per rank, the shape
+    of Llama-3.1-8B's attention at TP=2) in K4V4 pages. Prompts sharing a 3-block prefix are served twice:
+    by an engine whose prefix cache reuses the GPU pages, and by one with prefix caching off whose
+    connector stores every rank's pages to its tiers and loads them back. Both give the greedy tokens of the
+    plain-PyTorch reference, which recomputes every token."""
+    from vllm import SamplingParams
+
+    from tiercache.connectors.attention.cache_dtypes import sizes_pages
+
+    model = build_tiny_llama(tmp_path / "tiny128kv8", head_dim=128, num_kv_heads=8)
+    (tmp_path / "tc.yaml").write_text("codec: tq4\n")
+    monkeypatch.setenv("TIERCACHE_CONFIG", str(tmp_path / "tc.yaml"))
+    shared = words_prompt(7, 96)  # three full blocks
+    prompts = [shared + " " + words_prompt(900, 20), shared + " " + words_prompt(950, 25), PROMPTS[3]]
+    options = dict(
+        attention_config={"backend": "CUSTOM"}, tensor_parallel_size=2, gpu_memory_utilization=0.2,
+        kv_cache_dtype="auto" if sizes_pages() else "int4_per_token_head", enforce_eager=False,
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    runs = {}
+    engines = {"prefix cache": (None, True), "tiers": (connector_config("tq4"), False)}
+    for name, (connector, prefix_caching) in engines.items():
+        with engine(model, connector, enable_prefix_caching=prefix_caching, **options) as llm:
+            runs[name] = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    ref = reference.load(model, "tq4")
+    expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in runs["tiers"]]
+    for name, outs in runs.items():
+        assert [o.num_cached_tokens for o in outs[:2]] == [0, 96], name  # the shared blocks were reused
+        assert [list(o.outputs[0].token_ids) for o in outs] == expect, name
