@@ -12,6 +12,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from tiny_llama import words_prompt
 
 BLOCK = 32
@@ -57,6 +58,9 @@ def engine(model: Path, kv_transfer_config: dict | None, multiprocess: bool = Fa
     multiprocess = multiprocess or tp > 1
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.update(rank_env(tp) if tp > 1 else {})
+    if multiprocess and torch.cuda.is_available():
+        # this process asked CUDA for its devices (pytest's collection does), which poisons forked children
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     from vllm import LLM
@@ -119,6 +123,7 @@ def prompt(prefix: int, suffix: int, prefix_blocks: int = 5, suffix_len: int = 2
 NAMES = ["exact", "negative", "bad_codec_id", "failed_load", "failed_transfer", "codec", "multiprocess"]
 NAMES += ["scheduler_error", "corrupted", "corrupted_codec"]
 NAMES += ["remote", "remote_corrupt", "remote_down"]
+NAMES += ["disk", "disk_corrupt", "disk_truncate"]
 SHARED = {name: (prompt(i, 0), prompt(i, 1)) for i, name in enumerate(NAMES, start=1)}
 SPILL_FIRST = [prompt(20 + i, 0) for i in range(6)]  # 6 prefixes × 6 blocks ≫ an 8-block VRAM tier
 SPILL_AGAIN = [prompt(20, 1), prompt(21, 1)]
