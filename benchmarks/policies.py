@@ -27,7 +27,9 @@ Loop families, whose loops outgrow the cache (recency evicts each block just bef
 - turns: 24 users taking turns, each with a long context under one of 4 system prompts (`_Turns`).
 - scan: a 200-document corpus read in order by one RAG session after another (`_Scan`).
 - loopmix: turns, scan, chat and rag interleaved (`make_loop_trace`).
-Capacity is a fraction of the trace's working set (its number of distinct blocks). The offline bound is
+Capacity is a fraction of the trace's working set (its number of distinct blocks). The graph columns are
+the policy as shipped, with its online fallback to a shadow ARC where its predictions lose
+(`tiercache.graph.arc`). The offline bound is
 `tiercache.graph.offline_bound` (Belady's farthest-next-use rule with bypass, reading the whole trace).
 """
 
@@ -56,6 +58,7 @@ from tiercache.graph import (
     offline_bound,
     replay,
 )
+from tiercache.graph.arc import ShadowARC
 from tiercache.graph.timed_replay import timed_replay
 
 FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -502,6 +505,11 @@ def run_scale(n_blocks: int) -> dict:
     for h in new:
         g.on_remove(h)  # each becomes a ghost (see tiercache.graph.reuse)
     remove_us = (time.perf_counter() - t) / len(sample) * 1e6
+    chains = [[g.parent_of(h) or h, h] for h in sample]  # two-block requests through the shadow ARC
+    t = time.perf_counter()
+    for chain in chains:
+        g.on_request(chain)
+    request_us = (time.perf_counter() - t) / len(chains) * 1e6
     del adv, g, new
     tracemalloc.start()  # memory: the same graph built again under tracemalloc (timings above without it)
     g = build_scale_graph(n_blocks)
@@ -509,6 +517,12 @@ def run_scale(n_blocks: int) -> dict:
     for i in range(int(g.reuse.ghost_factor * len(g))):  # a full ghost list: `ghosts` × the blocks cached
         g.reuse.evicted(i.to_bytes(16, "little"), 0, len(g))  # 16-byte hashes, as blake2b digests
     ghost_mem = tracemalloc.get_traced_memory()[0] - mem
+    before = tracemalloc.get_traced_memory()[0]
+    shadow = ShadowARC()  # a full shadow ARC: T1 + T2 hold as many blocks as cached, B1 + B2 as many ghosts
+    shadow.grow(len(g))
+    for i in range(2 * len(g)):
+        shadow.process([i.to_bytes(16, "little")], ())
+    shadow_mem = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return {
         "blocks": len(g),
@@ -525,6 +539,8 @@ def run_scale(n_blocks: int) -> dict:
         "on_remove_us": remove_us,
         "bytes_per_block": mem / len(g),
         "ghost_bytes_per_block": ghost_mem / len(g),
+        "shadow_bytes_per_block": shadow_mem / len(g),
+        "on_request_us": request_us,
         "numpy_bytes_per_block": g.table.nbytes() / len(g),
     }
 
@@ -555,12 +571,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(
             f"notifications: on_hit {r['on_hit_us']:.1f}us, on_store {r['on_store_us']:.1f}us,"
-            f" on_remove {r['on_remove_us']:.1f}us (mean, 10k)"
+            f" on_remove {r['on_remove_us']:.1f}us (mean, 10k); on_request (2 blocks, shadow ARC)"
+            f" {r['on_request_us']:.1f}us"
         )
         print(
             f"memory per block: {r['bytes_per_block']:.0f} B (tracemalloc, graph + counters + edges);"
             f" numpy counters {r['numpy_bytes_per_block']:.0f} B of it; a full ghost list (`ghosts` ×"
-            f" the blocks cached) adds {r['ghost_bytes_per_block']:.0f} B per cached block"
+            f" the blocks cached) adds {r['ghost_bytes_per_block']:.0f} B per cached block, the full"
+            f" shadow ARC (tiercache.graph.arc) {r['shadow_bytes_per_block']:.0f} B"
         )
         return
     n = args.requests or (600 if args.quick else 3000)

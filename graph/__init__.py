@@ -13,6 +13,9 @@
 - `timed_replay` (timed_replay.py): the graph policy as it runs live on a timestamped trace: the advisor
   ranks on its own schedule in the trace's time and evictions and admission read its last snapshot.
 - `offline_bound` (offline.py): Belady's farthest-next-use rule with bypass on the same trace, to compare.
+- Adaptive fallback (arc.py): a shadow ARC sees every request (`KVCacheGraph.on_request`); while the graph's
+  ranking loses to it by two standard deviations the cache follows ARC (`graph.mode`), and tries the graph
+  again later.
 - `AdmissionDecision` (events.py): a block offered for storing and declined, with its reason.
 """
 

@@ -8,6 +8,9 @@ Provides `Offer` (frozen: an offered block's priority, components and the probab
 - `decline_reason(offer, frontier) -> str | None`: Belady's choice for a loop block (not stored if it would
   rank below the block storing it evicts), a floor on the learned reuse probability for any other.
 - `_decline(block, parent)`: the counters of a block not stored (the caller holds the graph's lock).
+- `bet(block, frontier)`: a block judged not worth storing against the block storing it would evict; the
+  next request of either settles the bet (`_settle`), and `ModeSelector.admit` says from the settled bets
+  whether admission may decline at all (`tiercache.graph.arc`).
 """
 
 from __future__ import annotations
@@ -118,3 +121,37 @@ class AdmissionRules:
         if parent_hash is not None and parent_hash == last:
             return False, chain, run + 1
         return True, 0.0, 1
+
+    def bet(self, block_hash: Hashable, frontier: Hashable) -> None:
+        """Admission judged `block_hash` not worth storing against `frontier`, the block storing it would
+        evict (declined or not: `ModeSelector.admit`): once it is stored or declined, whichever of the two is
+        requested first settles the bet (`_settle`)."""
+        self._offers[block_hash] = frontier
+
+    def _settle(self, block_hash: Hashable) -> None:
+        """A block request: settle the bets it ends, then open the one judged on it (if any)."""
+        frontier = self._bets.pop(block_hash, None)
+        if frontier is not None:  # the offered block came back first: declining it was wrong
+            self._spared[frontier].remove(block_hash)
+            if not self._spared[frontier]:
+                del self._spared[frontier]
+            self.modes.bet(False)
+        for offered in self._spared.pop(block_hash, ()):  # the spared block came first: right
+            del self._bets[offered]
+            self.modes.bet(True)
+        frontier = self._offers.pop(block_hash, None)
+        if frontier is not None and frontier != block_hash and frontier not in self._bets:
+            self._bets[block_hash] = frontier
+            self._spared.setdefault(frontier, []).append(block_hash)
+            while len(self._bets) > max(len(self._slot), 1):  # a turnover's worth: the oldest are void
+                self._void(next(iter(self._bets)))
+
+    def _void(self, block_hash: Hashable) -> None:
+        """Forget the bets `block_hash` is part of (the oldest, beyond a cache's worth of open bets)."""
+        frontier = self._bets.pop(block_hash, None)
+        if frontier is not None:
+            self._spared[frontier].remove(block_hash)
+            if not self._spared[frontier]:
+                del self._spared[frontier]
+        for offered in self._spared.pop(block_hash, ()):
+            del self._bets[offered]

@@ -22,7 +22,10 @@ not, and caps the rest: a snapshot is renewed at least as often as on a fixed `i
 One cycle (`refresh()`, also callable synchronously): copy the counters and the learned probabilities
 under the graph's lock (memcpy), then — outside the lock — score every block (`scoring.priority_array`,
 and `loop_priority_array` for the blocks ranked by their loop), keep the leaves of each tier (no cached
-child in that tier or a faster one) and sort them, lowest priority first. The result is an immutable
+child in that tier or a faster one) and sort them, lowest priority first (while the graph follows its
+shadow ARC, `graph.mode == "arc"`, the leaves it does not hold come first, least recently used first;
+the hot path reads those from `graph.arc_victims`, kept current by `on_request`, and admission stores
+everything: `tiercache.graph.arc`). The result is an immutable
 `Snapshot` (rankings, their priorities, the clocks, the cycle's duration) published by one reference
 assignment. Readers take the reference and walk its tuples: no lock, no per-call scoring. A snapshot older
 than `max_stale_s` (or none yet) is not trusted: `choose_victims` falls back to LRU (leaves first still;
@@ -32,6 +35,7 @@ so; `admission` stores everything.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -64,6 +68,7 @@ class Snapshot:
     horizons: Mapping[str, float] = field(default_factory=dict)
     ticks: Mapping[str, int] = field(default_factory=dict)
     vt: int = 0
+    mode: str = "graph"
 
 
 class GraphEvictionAdvisor:
@@ -133,7 +138,11 @@ class GraphEvictionAdvisor:
             idx = np.flatnonzero(leaf)
             horizons[name] = float(max(state.tier_sizes[t], 1))
             prio = self._priorities(state, idx, horizons[name], state.tier_ticks[t])
-            sort = np.lexsort((state.last_access[idx], prio))
+            if state.mode == "arc":  # following the shadow ARC: the blocks it dropped first, oldest first
+                out = state.arc_out[idx] != 0
+                sort = np.lexsort((state.seq[idx], np.where(out, 0.0, prio), ~out))
+            else:
+                sort = np.lexsort((state.last_access[idx], prio))
             rankings[name] = tuple(hashes[idx[sort]])  # no per-block Python objects: no GC pressure
             priorities[name] = prio[sort]
         version = self.cycles + 1
@@ -141,6 +150,7 @@ class GraphEvictionAdvisor:
         snap = Snapshot(
             created, version, MappingProxyType(rankings), time.perf_counter() - t0,
             MappingProxyType(priorities), MappingProxyType(horizons), MappingProxyType(ticks), state.vt,
+            state.mode,
         )  # fmt: skip
         self._snapshot = snap  # the publication: one reference assignment
         self.cycles = version
@@ -196,8 +206,13 @@ class GraphEvictionAdvisor:
             i += 1
         self._cursor[tier] = i
         out = []
+        if self.graph.mode == "arc":  # following the shadow ARC: what it dropped, kept current by on_request
+            out = list(itertools.islice(self.graph.arc_victims(tier), n))
+            if len(out) == n:
+                return out
+        taken = set(out)
         for j in range(i, len(ranking)):  # no slicing: the ranking may hold 250k entries
-            if ok(ranking[j], tier):
+            if ok(ranking[j], tier) and ranking[j] not in taken:
                 out.append(ranking[j])
                 if len(out) == n:
                     break
@@ -219,6 +234,12 @@ class GraphEvictionAdvisor:
         picks: list[tuple[Hashable, str, str]] = []
         if age is not None and age <= self.max_stale_s:
             why = f"lowest priority leaf in {tier} (snapshot v{self._snapshot.version})"
+            if self.graph.mode == "arc":
+                why = (
+                    f"following ARC in {tier} (the graph's ranking lost to a shadow ARC on the same "
+                    "requests): not held by the shadow ARC, or its lowest priority leaf "
+                    f"(snapshot v{self._snapshot.version})"
+                )
             picks = [(h, "graph", why) for h in self.suggest_eviction(n, tier)]
             fallback = f"snapshot v{self._snapshot.version} ranks no more evictable blocks of {tier}"
         elif age is None:
@@ -253,11 +274,18 @@ class GraphEvictionAdvisor:
         means evicting the lowest-ranked evictable block of `tier` (in `candidates`, when given): the block is
         scored as if stored at the snapshot's clocks and compared with that one's priority in the snapshot
         (`BlockCounters.offer`, `decline_reason`). Without a snapshot at most `max_stale_s` old: None."""
-        return self.judge(block_hash, parent_hash, tier, next(self.frontiers(tier, candidates), None), source)
+        block, frontier = next(self.frontier_blocks(tier, candidates), (None, None))
+        return self.judge(block_hash, parent_hash, tier, frontier, source, block)
 
     def frontiers(self, tier: str, candidates: Container[Hashable] | None = None) -> Iterator[float]:
         """The snapshot's priorities of the evictable blocks of `tier` (in `candidates`), lowest first: what
         the 1st, 2nd, … block stored would evict (for a batch of offers: each one admitted takes the next)."""
+        return (priority for _, priority in self.frontier_blocks(tier, candidates))
+
+    def frontier_blocks(
+        self, tier: str, candidates: Container[Hashable] | None = None
+    ) -> Iterator[tuple[Hashable, float]]:
+        """`frontiers` with each block: (block, its priority in the snapshot)."""
         snap = self._snapshot
         if snap is None or tier not in snap.rankings:
             return
@@ -267,7 +295,7 @@ class GraphEvictionAdvisor:
         for i in range(self._cursor.get(tier, 0), len(ranking)):  # entries before it left (suggest_eviction)
             h = ranking[i]
             if ok(h, tier) and (candidates is None or h in candidates):
-                yield float(prio[i])
+                yield h, float(prio[i])
 
     def judge(
         self,
@@ -276,15 +304,25 @@ class GraphEvictionAdvisor:
         tier: str,
         frontier: float | None,
         source: int = 0,
+        frontier_block: Hashable | None = None,
     ) -> AdmissionDecision | None:
-        """`admission` against a given `frontier` (the priority of the block storing it would evict)."""
+        """`admission` against a given `frontier` (the priority of the block storing it would evict,
+        `frontier_block`): a block judged not worth storing opens a bet on which of the two is requested
+        first (`BlockCounters.bet`), and is declined only while such bets prove admission right
+        (`ModeSelector.admit`; else None: store it)."""
         snap, age = self._snapshot, self.snapshot_age()
         if snap is None or age is None or age > self.max_stale_s or tier not in snap.rankings:
+            return None
+        if self.graph.mode == "arc":  # following the shadow ARC, which stores every block
             return None
         g = self.graph
         offer = g.offer(block_hash, parent_hash, snap.horizons[tier], snap.ticks[tier], snap.vt, source)
         reason = g.decline_reason(offer, frontier)
         if reason is None:
+            return None
+        if frontier_block is not None:
+            g.bet(block_hash, frontier_block)
+        if not g.modes.admit:
             return None
         why = f"not stored: {reason} (snapshot v{snap.version})"
         return AdmissionDecision(block_hash, tier, offer.priority, offer.components, frontier, age, why)

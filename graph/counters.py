@@ -25,6 +25,9 @@ Update rules (`_store`, `_hit`, `_move`, `_remove`; the caller holds the graph's
 - orphans: a block stored under a parent not stored, or below a removed block, is unreachable (`orphan`).
 - admission (`tiercache.graph.admission`, a base of this class): a block not stored is scored as if stored;
   a declined one counts as a block request and a lifetime of its class, and is remembered as a ghost.
+- the adaptive fallback (`tiercache.graph.arc`): `on_request` feeds a shadow ARC and decides `mode` (follow
+  the graph's ranking, or evict first what ARC dropped: `arc_victims`); `bet` records an admission judgment,
+  settled by the next block request of either block (`ModeSelector.admit`: whether admission may decline).
 Queries (no lock; the notifying thread): `tier_of`, `tier_size`, `is_evictable`, `parent_of`,
 `score_inputs` (one block's score arguments), `lru_fallback_order(tier)`, `check_invariants()`, and for an
 incremental ranking such as the replay's heaps `rank_key(h, horizon)` and `evictable_seq(h, tier)`.
@@ -34,19 +37,21 @@ hit, move, removal, declined offer); the advisor's thread polls it to rank again
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
 
 from tiercache.graph import scoring
 from tiercache.graph.admission import AdmissionRules
+from tiercache.graph.arc import ArcFallback, ModeSelector, ShadowARC
 from tiercache.graph.reuse import ReuseStats, reuse_class
 from tiercache.graph.scoring import GAP_VALUES, SOURCES, Loop, ScoreWeights, gap_bucket
 from tiercache.graph.state import BlockTable
 from tiercache.scheduler.recency import RecencyOrder
 
 
-class BlockCounters(AdmissionRules):
+class BlockCounters(AdmissionRules, ArcFallback):
     def __init__(self, tiers: tuple[str, ...], weights: ScoreWeights) -> None:
         if not tiers or len(set(tiers)) != len(tiers):
             raise ValueError(f"tiers must be distinct names, fastest first; got {tiers!r}")
@@ -67,6 +72,13 @@ class BlockCounters(AdmissionRules):
         self.vt = 0  # block requests so far (stores, hits by a new request, declined offers): `last_vt`
         self._recent = RecencyOrder()  # recency's reach: the last len(self) distinct blocks requested
         self._declined: tuple[Hashable, float, int] = (None, 0.0, 0)  # last declined: (block, chain, run)
+        self.shadow = ShadowARC()  # what ARC would hold (`tiercache.graph.arc`), fed by `_request`
+        self.modes = ModeSelector(1 + round(weights.ghosts))  # follow the graph's ranking, or the shadow ARC
+        self._arc_out: OrderedDict[Hashable, None] = OrderedDict()  # cached, not in the shadow: oldest first
+        self._offers: dict[Hashable, Hashable] = {}  # judged, not stored or declined yet: block → frontier
+        self._bets: OrderedDict[Hashable, Hashable] = OrderedDict()  # admission bets: offered → frontier
+        self._spared: dict[Hashable, list[Hashable]] = {}  # frontier → its offered blocks
+        self._requests = 0
 
     # --- queries -------------------------------------------------------------------------------------
     def __contains__(self, block_hash: Hashable) -> bool:
@@ -80,7 +92,7 @@ class BlockCounters(AdmissionRules):
         """Grows with every store, hit, move, removal and declined offer, and with nothing else (edges,
         sketches): every update a ranking depends on. Three int reads, each counter only grows: a thread
         that reads it without the lock sees any update finished before the read."""
-        return self.vt + self._accesses + self._removals
+        return self.vt + self._accesses + self._removals + self._requests
 
     def tier_index(self, tier: str) -> int:
         """Index of a tier name (0 = fastest); ValueError naming the valid tiers."""
@@ -221,6 +233,9 @@ class BlockCounters(AdmissionRules):
         if ghost is not None:  # it came back: its reuse distance, and whether recency would have kept it
             tb.gap[s], tb.loop[s] = self._came_back(ghost.last_vt, ghost.bucket, ghost.loop, near)
         tb.tier[s], tb.source[s], tb.requests[s] = t, source, 1
+        if block_hash not in self.shadow:
+            tb.arc_out[s] = 1
+            self._arc_out[block_hash] = None
         tb.last_access[s] = tb.created[s] = now
         tb.importance[s] = importance
         tb.last_request[s] = hash(request_id)
@@ -296,6 +311,7 @@ class BlockCounters(AdmissionRules):
             tb.children[p, t] = tb.children.item(p, t) - 1
             self._update_leaf(p)
         del self._leaf_in[block_hash]
+        self._arc_out.pop(block_hash, None)
         self._size[t] -= 1
         self._removals += 1
         self._hashes[s] = None
@@ -344,6 +360,8 @@ class BlockCounters(AdmissionRules):
         whether it was within reach: among the last len(self) distinct blocks requested, so that an LRU
         cache of this size would still hold it (its stack distance is at most the cache's size)."""
         self.vt += 1
+        if self._bets or self._offers:
+            self._settle(block_hash)
         recent = self._recent
         near = block_hash in recent
         recent.add(block_hash)
@@ -405,3 +423,6 @@ class BlockCounters(AdmissionRules):
         assert not any(h in self._slot for h in ghosts)
         loops = live[tb.loop[live] != 0]
         assert (tb.gap[loops] > 0).all() and (tb.last_vt[live] <= self.vt).all()
+        for h, s in self._slot.items():  # the shadow ARC's view: what it dropped is queued for ARC mode
+            assert bool(tb.arc_out[s]) == (h not in self.shadow) == (h in self._arc_out), h
+        assert len(self._arc_out) <= len(self._slot)

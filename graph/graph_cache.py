@@ -14,6 +14,10 @@ Admission: when the cache is full, a missing block is scored as if stored (`Bloc
 the block that storing it would evict; if `BlockCounters.decline_reason` says no, it is not stored, and
 neither is the rest of the request's missing blocks (useless without their prefix).
 
+Mode (`tiercache.graph.arc`): each request is first given to the graph's shadow ARC (`on_request`); while
+the graph follows ARC (`graph.mode == "arc"`), the victim is the first leaf the shadow ARC dropped
+(`KVCacheGraph.arc_victims`), the graph's own choice when there is none, and nothing is declined.
+
 What it keeps on top is the victim index, which makes an eviction O(log N) instead of a full ranking:
 - each reuse class has a heap of its leaves ranked by recency, keyed by their priority without the reuse
   term (`scoring.priority` with `reuse_p` = 1 and the capacity as horizon: the cache is full whenever it
@@ -61,6 +65,7 @@ class GraphCache:
         self._loop_head: dict[int, tuple[float, int, Hashable, float] | None] = {}
         self._loop_dirty: set[int] = set()
         self._timers: list[tuple[float, int, Hashable]] = []  # (overdue after this vt, seq, block)
+        self._arc_evicted = False  # cached heads may be stale (an ARC-mode eviction since)
 
     @property
     def size(self) -> int:
@@ -80,6 +85,7 @@ class GraphCache:
         hit = 0
         while hit < len(blocks) and blocks[hit] in g:
             hit += 1
+        g.on_request(blocks)
         self._requests += 1
         request = self._requests
         for b in blocks:
@@ -96,9 +102,11 @@ class GraphCache:
             parent = blocks[i - 1] if i else None
             while not declined and len(g) >= self.capacity:
                 victim = self._victim(pinned)
-                if self.admission and self._declines(b, parent, sources[i], victim[0]):
-                    declined = True
-                else:
+                arc = g.mode == "arc"  # following the shadow ARC: no admission control
+                if self.admission and not arc and self._declines(b, parent, sources[i], victim[0]):
+                    g.bet(b, victim[2])  # settled by which of the two is requested first
+                    declined = g.modes.admit  # admission declines while its bets prove it right
+                if not declined:
                     self._evict(victim)
             if declined:
                 self._decline(b, parent)
@@ -163,9 +171,26 @@ class GraphCache:
             heapq.heappush(heap, item)
         return found
 
-    def _victim(self, pinned: set[Hashable]) -> tuple[float, int, Hashable, int]:
-        """(priority, seq, block, heap: class code, or -1 - bucket for a loop heap) of the lowest leaf."""
+    def _arc_victim(self, pinned: set[Hashable]) -> tuple[float, int, Hashable, int] | None:
+        """The first evictable leaf the shadow ARC dropped (`KVCacheGraph.arc_victims`) outside `pinned`."""
         g = self.graph
+        for b in g.arc_victims(TIER):
+            if b not in pinned:
+                return 0.0, g.table.seq.item(g._slot[b]), b, -1 - len(GAP_VALUES)
+        return None
+
+    def _victim(self, pinned: set[Hashable]) -> tuple[float, int, Hashable, int]:
+        """(priority, seq, block, heap: class code, or -1 - bucket for a loop heap) of the lowest leaf;
+        following the shadow ARC (mode "arc"), the first leaf it dropped, if any."""
+        g = self.graph
+        if g.mode == "arc":
+            found = self._arc_victim(pinned)
+            if found is not None:
+                return found
+        if self._arc_evicted:
+            self._arc_evicted = False
+            self._dirty = set(_ALL)
+            self._loop_dirty = set(self._loops)
         vt = g.vt
         while self._timers and self._timers[0][0] < vt:  # overdue: ranked by recency again
             _, seq, b = heapq.heappop(self._timers)
@@ -212,8 +237,10 @@ class GraphCache:
         _, _, b, heap = victim
         if heap >= 0:
             self._dirty.add(heap)
-        else:
+        elif heap > -1 - len(GAP_VALUES):
             self._loop_dirty.add(-1 - heap)
+        else:  # an ARC-mode victim: any class's or loop's cached head may be this block
+            self._arc_evicted = True
         parent = g.parent_of(b)
         g.on_remove(b)
         self.evictions += 1

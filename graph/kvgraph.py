@@ -7,6 +7,8 @@ Provides `KVCacheGraph` and `EDGE_TYPES`. Nodes are block hashes (bytes); `graph
 docstring states the rules); `info(h)` returns all of a block's attributes.
 
 Notifications (the manager calls them from its own thread; each is O(1) or O(degree) and takes the lock):
+- `on_request(block_hashes)` — a request arrived, before its hits and stores (O(its length)): the shadow
+  ARC the cache falls back to takes it (`tiercache.graph.arc`).
 - `on_store(block_hash, parent_hash=None, request_id=None, tier=tiers[0], token_span=(0, 0), source=None,
   importance=0.0)` — a block was stored (its parent is the previous block of the same prefix).
 - `on_hit(block_hash, request_id=None)` — a request found the block cached (call in prefix order); the
@@ -103,6 +105,12 @@ class KVCacheGraph(BlockCounters):
             if p >= 0 and requests >= 2:
                 self._set(self._hashes[p], block_hash, "prefix_share", requests)
 
+    def on_request(self, block_hashes: Iterable[Hashable]) -> None:
+        """A request arrived (its blocks in prefix order), before its hits and stores: the shadow ARC takes
+        it and the mode the cache follows is updated (`tiercache.graph.arc`)."""
+        with self.lock:
+            self._request(list(block_hashes))
+
     def on_step(self, hashes_used_together: Iterable[Hashable]) -> None:
         known = [h for h in hashes_used_together if h in self._slot][: self.max_co_attend]
         with self.lock:
@@ -176,7 +184,7 @@ class KVCacheGraph(BlockCounters):
             reuse = self.reuse
             return self.table.copy(
                 self._hashes, self._size, reuse.probabilities(), reuse.loop_probabilities(), self._stores,
-                self.vt,
+                self.vt, self.modes.mode,
             )  # fmt: skip
 
     def check_invariants(self) -> None:

@@ -35,6 +35,7 @@ COLUMNS: dict[str, type] = {
     "gap": np.uint8,  # scoring.GAPS bucket of the last reuse distance in vt (0: never reused)
     "loop": np.int8,  # 1: the last reuse came from farther than recency reaches (see counters)
     "orphan": np.int8,  # 1: a block of its prefix was removed while it was cached: no lookup reaches it
+    "arc_out": np.int8,  # 1: the shadow ARC does not hold it (evicted first while the cache follows ARC: arc)
 }
 
 
@@ -43,7 +44,8 @@ class TableCopy:
     """A copy of the used slots [0, n): one array per column, `children` [n, n_tiers], `hashes` [n];
     `reuse_p` [reuse.N_CLASSES] and `loop_p` [reuse.N_BUCKETS]: the learned reuse probability of each class
     and on-time return probability of each loop bucket at the time of the copy; `tier_ticks` (each tier's
-    store counter) and `vt` (block requests so far): the clocks then."""
+    store counter) and `vt` (block requests so far): the clocks then; `mode`: the ranking the cache
+    follows ("graph", or "arc": `tiercache.graph.arc`)."""
 
     columns: dict[str, np.ndarray]
     children: np.ndarray
@@ -53,6 +55,7 @@ class TableCopy:
     loop_p: np.ndarray
     tier_ticks: list[int]
     vt: int
+    mode: str = "graph"
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -111,12 +114,14 @@ class BlockTable:
             return p
         return -1
 
-    def copy(self, hashes: list, tier_sizes: list[int], reuse_p, loop_p, tier_ticks: list[int], vt: int):
+    def copy(
+        self, hashes: list, tier_sizes: list[int], reuse_p, loop_p, tier_ticks: list[int], vt: int, mode: str
+    ):
         """A `TableCopy` of the used slots with these per-graph values (the caller holds the lock)."""
         n = self.high
         cols = {name: getattr(self, name)[:n].copy() for name in COLUMNS}
         children, sizes, ticks = self.children[:n].copy(), list(tier_sizes), list(tier_ticks)
-        return TableCopy(cols, children, list(hashes[:n]), sizes, reuse_p, loop_p, ticks, vt)
+        return TableCopy(cols, children, list(hashes[:n]), sizes, reuse_p, loop_p, ticks, vt, mode)
 
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in COLUMNS) + self.children.nbytes

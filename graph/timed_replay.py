@@ -14,6 +14,8 @@ history so far); this one drives `KVCacheGraph` + `GraphEvictionAdvisor` as the 
   with `time.perf_counter`, or `cycle_s` when given, for a deterministic run), and publishes `d` later.
   The graph changes only when a request arrives, so the snapshot such a cycle publishes is the state after
   the previous request: requests closer together than a cycle and its rest share one snapshot, as live;
+- each request is first given to the graph's shadow ARC (`on_request`, as `GraphPolicy.observe_request`
+  does live), which decides whether the cache follows the graph's ranking or ARC (`tiercache.graph.arc`);
 - admission and eviction per missing block are `GraphEvictionAdvisor.admission` and `choose_victims`
   (the snapshot's frontier and ranking, then LRU for what it does not rank), the declined block and the
   rest of its request are not stored (`on_decline`), as `GraphPolicy.decline` does. A victim is the
@@ -98,6 +100,7 @@ def timed_replay(
             hit += 1
         n_req, n_hit = n_req + 1, n_hit + hit
         n_req_hit += hit > 0
+        g.on_request(blocks)
         for b in blocks:
             if b in g:
                 g.on_hit(b, rid)

@@ -59,6 +59,7 @@ def live_hits(
         while hit < len(blocks) and blocks[hit] in g:
             hit += 1
         total += hit
+        g.on_request(blocks)
         for b in blocks:
             if b in g:
                 g.on_hit(b, rid)

@@ -11,9 +11,10 @@ Provides:
                                       close() stops the advisor thread (TierManager.close() calls it)
 
 Connector hints (called by the scheduler side before the events they explain):
-    observe_request(request_id, block_hashes)   a request was admitted: remembers each block's parent (the
-                                       previous hash of its prefix chain) and request, for its StoreEvent,
-                                       and attributes the HitEvents that follow to this request
+    observe_request(request_id, block_hashes)   a request was admitted: graph.on_request (the shadow ARC the
+                                       graph falls back to, tiercache.graph.arc); remembers each block's
+                                       parent (the previous hash of its prefix chain) and request, for its
+                                       StoreEvent, and attributes the HitEvents that follow to this request
     observe_step(block_hashes)         blocks loaded in the same step → on_step (co_attend edges)
 
 Event → graph notification:
@@ -59,6 +60,7 @@ class GraphPolicy(EvictionPolicy):
 
     def observe_request(self, request_id: str, block_hashes) -> None:
         self._request = request_id
+        self.graph.on_request(block_hashes)  # the shadow ARC the graph falls back to sees every request
         parent = None
         for block_hash in block_hashes:
             if block_hash not in self.graph and block_hash not in self._lineage:
@@ -88,7 +90,7 @@ class GraphPolicy(EvictionPolicy):
         """Admission control: a block whose prefix block is declined (now or lately) and not stored; and,
         beyond the first `room` blocks, one the advisor's admission declines (scored against the snapshot)."""
         graph, out, stored = self.graph, [], set()
-        frontiers, frontier = self.advisor.frontiers(tier, candidates), None
+        frontiers, frontier, spared = self.advisor.frontier_blocks(tier, candidates), None, None
         for i, h in enumerate(hashes):
             parent = self._lineage.get(h, (None, None))[0]
             why = None
@@ -103,8 +105,8 @@ class GraphPolicy(EvictionPolicy):
             if i < room:
                 continue
             if frontier is None:  # the block the next one stored would evict
-                frontier = next(frontiers, None)
-            d = self.advisor.judge(h, parent, tier, frontier)
+                spared, frontier = next(frontiers, (None, None))
+            d = self.advisor.judge(h, parent, tier, frontier, frontier_block=spared)
             if d is None:
                 frontier = None  # stored: it evicts that one
                 continue
