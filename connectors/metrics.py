@@ -12,7 +12,8 @@ Provides:
     METRICS                       name → help text of every metric exported
 
 Prometheus names (counters end in _total when exported):
-    vllm:tiercache_hit_blocks{tier}             blocks a lookup found ready, per tier
+    vllm:tiercache_hit_blocks{tier}             blocks a lookup found ready, per tier (disk: blocks an
+                                                admission found on the disk tier and read)
     vllm:tiercache_lookup_misses                lookups that stopped at a block tiercache could not serve
     vllm:tiercache_tokens_loaded / _recomputed  prompt tokens loaded from the tiers / computed by vLLM
     vllm:tiercache_stored_blocks                blocks stored
@@ -34,7 +35,13 @@ Prometheus names (counters end in _total when exported):
                                                 queue full), write_failures,
                                                 bad_values / bad_macs / vanished (values refused: one
                                                 block each)
-    vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges
+    vllm:tiercache_disk_blocks{event}           the disk tier: read (served), read_failures (refused
+                                                loads: missing, truncated, corrupted files), writes
+                                                (planned), drops (files deleted), written, already_stored,
+                                                dropped_full, write_failures (disk full, I/O errors),
+                                                bad_values / vanished (files refused: one block each)
+    vllm:tiercache_used_blocks{tier} / _capacity_blocks{tier} / _occupancy{tier}   gauges (tier disk:
+                                                files, and the files tiers.disk.size holds)
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from tiercache.wire import TIERS, TRANSFER_DIRECTIONS
+from tiercache.wire import DISK, TIERS, TRANSFER_DIRECTIONS
 
 METRICS = {
     "hit_blocks": "Blocks a tiercache lookup found ready, by tier.",
@@ -66,6 +73,10 @@ METRICS = {
         "Remote tier blocks by event (lookups, found, fetched, fetch_failures, uploads, written, "
         "already_stored, dropped_full, write_failures, bad_values, bad_macs, vanished)."
     ),
+    "disk_blocks": (
+        "Disk tier blocks by event (read, read_failures, writes, drops, written, already_stored, "
+        "dropped_full, write_failures, bad_values, vanished)."
+    ),
     "used_blocks": "Slots in use (stored, or reserved by a store or move in flight), by tier.",
     "capacity_blocks": "Slots of each tier.",
     "occupancy": "used_blocks / capacity_blocks, by tier.",
@@ -81,6 +92,7 @@ _EXTRA_LABELS = {
     "declined_blocks": ["policy"],
     "failures": ["cause"],
     "remote_blocks": ["event"],
+    "disk_blocks": ["event"],
     "used_blocks": ["tier"],
     "capacity_blocks": ["tier"],
     "occupancy": ["tier"],
@@ -136,7 +148,10 @@ class TierCacheStats(KVConnectorStats):
                       "write_failures", "bad_values", "bad_macs", "vanished"):  # fmt: skip
             if "remote_" + event in c:
                 out["tiercache_remote_" + event] = c["remote_" + event]
-        for t in TIERS:
+        for event in ("hits", "read", "read_failures", "written", "dropped_full", "write_failures"):
+            if "disk_" + event in c:
+                out["tiercache_disk_" + event] = c["disk_" + event]
+        for t in (*TIERS, DISK):
             capacity = g.get("capacity_blocks_" + t, 0)
             if capacity:
                 out[f"tiercache_{t}_used_pct"] = round(100 * g.get("used_blocks_" + t, 0) / capacity, 1)
@@ -177,7 +192,7 @@ class TierCachePromMetrics(KVConnectorPromMetrics):
             nbytes, us = totals.get(f"io_{d}_bytes", 0), totals.get(f"io_{d}_us", 0)
             if nbytes and us:
                 self._child("transfer_gbps", engine_idx, d).set(nbytes / us / 1e3)
-        for t in TIERS:
+        for t in (*TIERS, DISK):
             if "capacity_blocks_" + t not in gauges:
                 continue
             used, capacity = gauges.get("used_blocks_" + t, 0), gauges["capacity_blocks_" + t]
@@ -204,4 +219,8 @@ def _counter_of(key: str) -> tuple[str, tuple[str, ...], float] | None:
         return "failures", (key[9:],), 1
     if key.startswith("remote_"):
         return "remote_blocks", (key[7:],), 1
+    if key == "disk_hits":
+        return "hit_blocks", (DISK,), 1
+    if key.startswith("disk_") and not key.endswith("_bytes"):  # bytes: inspection's only
+        return "disk_blocks", (key[5:],), 1
     return None

@@ -14,6 +14,7 @@ from tiercache.wire import (
     LoadFailure,
     LoadItem,
     RemoteCount,
+    RemoteItem,
     StepPlan,
     StepResult,
     StoreItem,
@@ -32,6 +33,9 @@ PLAN = StepPlan(
         TransferJob(4, VRAM, DRAM, (0, 1), (9, 10), (H1, H2)),
         TransferJob(5, DRAM, VRAM, (9,), (2,), (H1,)),
     ),
+    disk_writes=(RemoteItem(H1, 9),),
+    disk_reads=(RemoteItem(H2, 10),),
+    disk_drops=(H1, H2),
 )
 REPORT = WorkerReport(
     steps=(StepResult(3, (True, False), (True,), (LoadFailure(1, "hash mismatch: vram slot 7"),)),
@@ -40,6 +44,7 @@ REPORT = WorkerReport(
     errors=("rank 0: load refused",),
     io=(IoSample("load", 1, 2048, 1e-4), IoSample("store", 1, 2048, 2.5e-4)),
     rank=1, remote=(RemoteCount("written", 30), RemoteCount("write_failures", 2)),
+    disk=(RemoteCount("written", 4), RemoteCount("bad_values", 1)),
 )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ Provides:
                                             (called where capacities are computed: layout.tier_capacities)
     TiersConfig         vram, dram: Size (bytes or tokens), per rank; dram 0 turns the DRAM tier off;
                         remote: RemoteConfig | None (config_remote.py), a store shared by engines
+                        disk: DiskConfig | None (config_disk.py), local files that survive a restart
     EvictionConfig      policy ("graph" | "lru"), advisor_interval, max_stale (seconds, > 0, finite);
                         advisor_interval is the longest wait between the advisor's re-rankings (it
                         re-ranks sooner after a change: tiercache.graph.cadence)
@@ -23,6 +24,7 @@ Shape (every key optional; see examples/tiers.yaml):
                              # (+ exact_layers: [0, 1, -2, -1]: primary mode keeps these layers exact)
     tiers: {vram: 4GiB, dram: 8GiB}        # or "2M tokens"
     tiers.remote: {url: redis://127.0.0.1:6379, timeout: 50ms, write: through, queue_blocks: 256}   # optional
+    tiers.disk: {path: /nvme/tiercache, size: 500GiB, write: evicted, queue_blocks: 256}   # optional
     eviction: {policy: graph, advisor_interval: 500ms, max_stale: 2s}   # max_stale ≥ advisor_interval;
                                            # left out, it is max(2s, 4 × advisor_interval)
     inspect: {socket: auto, recent_requests: 128, remembered_departures: 65536}
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tiercache.codecs import PRESETS, KVCodecSpec
+from tiercache.config_disk import DiskConfig, disk_config
 from tiercache.config_remote import RemoteConfig, remote_config
 from tiercache.config_values import (
     DEFAULT_CODEC,
@@ -71,6 +74,7 @@ class TiersConfig:
     vram: Size = field(default_factory=lambda: Size(bytes=4 * 2**30))
     dram: Size = field(default_factory=lambda: Size(bytes=8 * 2**30))
     remote: RemoteConfig | None = None  # a shared store below DRAM (config_remote.py); None: no remote tier
+    disk: DiskConfig | None = None  # local files below DRAM, above remote (config_disk.py); None: none
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class TierCacheConfig:
                 vram=tier_size("tiers.vram", tiers.get("vram", "4GiB"), source),
                 dram=tier_size("tiers.dram", tiers.get("dram", "8GiB"), source),
                 remote=remote_config(tiers.get("remote"), source),
+                disk=disk_config(tiers.get("disk"), source),
             ),
             eviction=EvictionConfig(*eviction_values(eviction, source)),
             inspect=InspectConfig(**inspect_values(inspect, source)),
@@ -159,6 +164,7 @@ class TierCacheConfig:
                 "vram": _size_str(self.tiers.vram),
                 "dram": _size_str(self.tiers.dram),
                 **({"remote": self.tiers.remote.to_dict()} if self.tiers.remote else {}),
+                **({"disk": self.tiers.disk.to_dict()} if self.tiers.disk else {}),
             },
             "eviction": {
                 "policy": self.eviction.policy,

@@ -40,7 +40,7 @@ _EXACT_FORMS = (
 _BITS_FORMS = 'an integer 1..8, or "none" for lossless'
 KEYS = {
     "": ("codec", "tiers", "eviction", "inspect"),
-    "tiers": ("vram", "dram", "remote"),
+    "tiers": ("vram", "dram", "remote", "disk"),
     "eviction": ("policy", "advisor_interval", "max_stale"),
     "inspect": ("socket", "recent_requests", "remembered_departures"),
     "codec": _CODEC_KEYS,

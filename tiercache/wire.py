@@ -1,15 +1,17 @@
 """The wire between the two processes: typed, frozen values, encoded once (msgpack) and decoded once.
 
 Provides:
-    VRAM, DRAM, TIERS       local tier names, fastest first (plain strings); REMOTE the shared store's name
+    VRAM, DRAM, TIERS       local tier names, fastest first (plain strings); REMOTE the shared store's name,
+                            DISK the disk tier's (files below DRAM: no slots, never a job's tier)
     move_kind(src, dst)     "spill" towards a slower tier, "warm" towards a faster one
     LoadItem                read one stored block into a vLLM block (tier None: refused → a load error)
     StoreItem               write one vLLM block into (tier, slot)
     TransferJob             move blocks between tiers: source and destination tier, slots and block hashes
-    RemoteItem              one block between a local slot and the remote store (block hash, slot, tier:
-                            an upload's VRAM or DRAM, a fetch's DRAM)
-    StepPlan                scheduler → workers, one per engine step: loads, stores, jobs, and the remote
-                            tier's uploads (VRAM or DRAM slot → store) and fetches (store → DRAM slot)
+    RemoteItem              one block between a local slot and the remote store or the disk tier (block
+                            hash, slot, tier: an upload's VRAM or DRAM, a fetch's DRAM)
+    StepPlan                scheduler → workers, one per engine step: loads, stores, jobs, the remote
+                            tier's uploads (VRAM or DRAM slot → store) and fetches (store → DRAM slot), and
+                            the disk tier's writes (DRAM slot → file), reads (file → DRAM slot) and drops
     StepResult              one rank's outcome of a step's loads and stores, aligned with its plan, with
                             why each failed load failed (LoadFailure)
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
@@ -19,7 +21,8 @@ Provides:
                             "already_stored" | "dropped_full" | "write_failures", or a refused value:
                             "bad_values" | "bad_macs" | "vanished"), blocks
     WorkerReport            one rank → scheduler: step results, finished jobs, timed copies, errors, the
-                            rank (vLLM's global rank: 0 … world_size-1), and its remote writes
+                            rank (vLLM's global rank: 0 … world_size-1), its remote writes and its disk
+                            tier's writes and refused files (RemoteCount, the same events)
     encode(value) -> bytes / decode(data, cls)   the one encode and the one decode at the process boundary
 
 The scheduler side builds each item once from the manager's decisions; the worker side reads its fields. No
@@ -42,6 +45,7 @@ VRAM = "vram"
 DRAM = "dram"
 TIERS = (VRAM, DRAM)  # fastest first: the local tiers, with slots
 REMOTE = "remote"  # the store shared by engines below DRAM (RemoteItem; no slots, never a job's tier)
+DISK = "disk"  # local block files below DRAM, above the remote store (RemoteItem; no slots, never a job's)
 T = TypeVar("T")
 
 
@@ -127,7 +131,8 @@ class RemoteItem:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Worker order: uploads, fetches, loads, jobs (start of the step); stores (end of the step)."""
+    """Worker order: uploads, disk writes, disk drops, disk reads, fetches, loads, jobs (start of the
+    step); stores (end of the step)."""
 
     step: int
     loads: tuple[LoadItem, ...] = ()
@@ -135,6 +140,9 @@ class StepPlan:
     jobs: tuple[TransferJob, ...] = ()
     uploads: tuple[RemoteItem, ...] = ()  # VRAM or DRAM slot → remote store (tiers.remote.write says when)
     fetches: tuple[RemoteItem, ...] = ()  # remote store → DRAM (their loads follow in `loads`)
+    disk_writes: tuple[RemoteItem, ...] = ()  # DRAM slot → its block's file (blocks dropped from DRAM)
+    disk_reads: tuple[RemoteItem, ...] = ()  # file → DRAM slot (their loads follow in `loads`)
+    disk_drops: tuple[bytes, ...] = ()  # block hashes whose files are deleted (and queued writes cancelled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +204,7 @@ class WorkerReport:
     io: tuple[IoSample, ...] = ()
     rank: int = 0
     remote: tuple[RemoteCount, ...] = ()
+    disk: tuple[RemoteCount, ...] = ()
 
 
 def encode(value: Any) -> bytes:

@@ -6,11 +6,12 @@ others.
 Provides:
     AdmissionVerbs
         num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events), extended
-                                                                  by the blocks the remote store holds next
+                                                                  by the blocks the disk tier, then the
+                                                                  remote store, hold next
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
-                                                                  (remote hits: a DRAM slot each, fetched
-                                                                  by the workers before the load); records
-                                                                  the admission (a RequestRecord)
+                                                                  (disk and remote hits: a DRAM slot each,
+                                                                  filled by the workers before the load);
+                                                                  records the admission (a RequestRecord)
         refuse_loads(request, block_ids, num_external_tokens)     fallback: queue them refused instead
     caller_id(request_id) -> str | None     the id the caller gave, when vLLM appended its random suffix
 
@@ -24,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from tiercache.inspect.request_log import RequestRecord, prompt_digest
-from tiercache.wire import DRAM, REMOTE, LoadItem, RemoteItem
+from tiercache.wire import DISK, DRAM, REMOTE, LoadItem, RemoteItem
 
 from .core import SchedulerCore
 
@@ -35,6 +36,7 @@ class AdmissionVerbs(SchedulerCore):
         hashes = request.block_hashes[:max_blocks]
         hit = self.manager.lookup(hashes, record=False)
         hit = max(hit, num_computed_tokens // self.block_size)
+        hit += self.manager.disk_prefix(hashes[hit:])
         hit += self._remote_prefix(hashes[hit:])
         self.requests.admit(request, num_computed_tokens)
         return max(0, hit * self.block_size - num_computed_tokens)
@@ -60,14 +62,25 @@ class AdmissionVerbs(SchedulerCore):
         """Queue the loads first, then the policy hints and statistics: if a hint fails, the fallback
         (refuse_loads) finds the loads already queued and changes nothing."""
         state = self.requests.admit(request)
-        fetched: set[bytes] = set()
+        fetched: dict[bytes, str] = {}  # block → the tier it is read from (DISK, REMOTE)
         if num_external_tokens > 0:
             hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
-            local = len(hashes) if self.remote is None else self.manager.lookup(hashes, record=False)
+            below = self.remote is not None or self.config.tiers.disk is not None
+            local = self.manager.lookup(hashes, record=False) if below else len(hashes)
             self._queue_loads(hashes[:local], ids[:local], self.manager.prepare_load)
-            if local < len(hashes):  # the rest were found in the remote store
-                self._queue_loads(hashes[local:], ids[local:], self.manager.prepare_fetch, fetch=True)
-                fetched = {f.block_hash for f in self._fetches}.intersection(hashes[local:])
+            disk = local + self.manager.disk_prefix(hashes[local:])
+            if disk > local:
+                self._queue_loads(hashes[local:disk], ids[local:disk], self.manager.prepare_disk_read,
+                                  self._disk_reads)  # fmt: skip
+                read = {f.block_hash for f in self._disk_reads}.intersection(hashes[local:disk])
+                fetched.update(dict.fromkeys(read, DISK))
+                self.inspection.record_disk(hits=len(read))
+            if disk < len(hashes) and self.remote is None:  # changed since the match: refused loads
+                self._queue_loads(hashes[disk:], ids[disk:], self.manager.prepare_load)
+            elif disk < len(hashes):  # the rest were found in the remote store
+                self._queue_loads(hashes[disk:], ids[disk:], self.manager.prepare_fetch, self._fetches)
+                got = {f.block_hash for f in self._fetches}.intersection(hashes[disk:])
+                fetched.update(dict.fromkeys(got, REMOTE))
         self.manager.observe_request(request.request_id, list(request.block_hashes))
         first = state.local_computed // self.block_size
         last = (request.num_tokens - 1) // self.block_size
@@ -77,9 +90,10 @@ class AdmissionVerbs(SchedulerCore):
         self.inspection.record_tokens(loaded=loaded, recomputed=recomputed)
         self._remember(request, state.local_computed, loaded, recomputed, last, fetched)
 
-    def _queue_loads(self, hashes: list[bytes], ids: list[int], prepare, fetch: bool = False) -> None:
-        """prepare: the manager's prepare_load or prepare_fetch (raises having pinned nothing). None: changed
-        since the lookup, or no room: the workers report these as load errors → recompute."""
+    def _queue_loads(self, hashes: list[bytes], ids: list[int], prepare, fills: list | None = None) -> None:
+        """prepare: the manager's prepare_load, prepare_disk_read or prepare_fetch (raises having pinned
+        nothing). None: changed since the lookup, or no room: the workers report these as load errors →
+        recompute. fills: where the DRAM slots to fill before the loads are queued (disk reads, fetches)."""
         if not hashes:
             return
         out = prepare(hashes)
@@ -88,17 +102,17 @@ class AdmissionVerbs(SchedulerCore):
             return
         placed = list(zip(out.block_hashes, out.tiers, out.slots, ids, strict=True))
         self._loads += [LoadItem(h, t, s, b) for h, t, s, b in placed]
-        if fetch:
-            self._fetches += [RemoteItem(h, s) for h, t, s, _ in placed if t == DRAM]
+        if fills is not None:
+            fills += [RemoteItem(h, s) for h, t, s, _ in placed if t == DRAM]
 
     def _remember(
-        self, request, vllm_tokens: int, loaded: int, recomputed: int, last: int, fetched: set[bytes]
+        self, request, vllm_tokens: int, loaded: int, recomputed: int, last: int, fetched: dict[bytes, str]
     ) -> None:
         """The admission as inspection's explain_request will tell it: where each block of the prompt was
-        (fetched: the blocks being fetched from the remote store for it)."""
+        (fetched: the blocks being read for it from the disk tier or the remote store, and from which)."""
         hashes = tuple(request.block_hashes[:last])
         local = self.manager.where(hashes)
-        where = [(REMOTE, None) if h in fetched else w for h, w in zip(hashes, local, strict=True)]
+        where = [(fetched[h], None) if h in fetched else w for h, w in zip(hashes, local, strict=True)]
         gone = self.inspection.departures.get
         self.inspection.record_request(
             RequestRecord(

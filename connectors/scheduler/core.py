@@ -4,10 +4,13 @@ object, so one owner of the queued loads, the steps in flight and the job report
 
 Provides:
     SchedulerCore(config, geometry, world_size=1, model="")   the state; ConnectorScheduler's constructor
-        config, geometry, block_size, world_size, codec_id
+        config, geometry, block_size, world_size, codec_id, disk_file_bytes (one block's file, per rank)
         manager (TierManager), requests (RequestTracker), remote (RemoteStore | None), inspection
         (InspectionState), inspection_service, stats (StatsTap), events (recent TierEvents), counters
-        _loads, _fetches                    queued by admission for the next plan (fetches go before loads)
+        _loads, _fetches, _disk_reads       queued by admission for the next plan (fetches and disk reads go
+                                            before loads)
+    The disk tier's index (the manager's) is rebuilt at start from the block files of rank 0's directory
+    (tiercache.disk.files.scan: names only; each file's header and checksum are checked when it is read).
         _in_flight {step: StepRecord}       steps sent to the workers and not yet reported
         _job_reports, _job_kinds            per job id: [ranks reported, all ok]; "spill" | "warm"
         _step, _building, _refused          the next step, the step being built, a refused step (RefusedStep)
@@ -23,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tiercache.config import TierCacheConfig
+from tiercache.disk.files import block_dir, file_bytes, scan
 from tiercache.errors import ConfigError
 from tiercache.inspect import InspectError, InspectionService, InspectionState
 from tiercache.layout import describe_tiers
@@ -48,6 +52,7 @@ class StepRecord:
     loads: tuple[tuple[bytes, bool, int], ...] = ()  # (block hash, pinned by prepare_load, vLLM block id)
     tainted: set[str] = field(default_factory=set)  # requests that computed over a failed load
     fetched: frozenset[bytes] = frozenset()  # loads whose block the workers fetch from the remote store
+    disk_read: frozenset[bytes] = frozenset()  # loads whose block the workers read from the disk tier
 
 
 @dataclass
@@ -58,6 +63,7 @@ class RefusedStep:
     stores: tuple[bytes, ...]
     pinned: list[bytes] = field(default_factory=list)
     fetched: list[bytes] = field(default_factory=list)  # reserved by prepare_fetch
+    disk_read: list[bytes] = field(default_factory=list)  # reserved by prepare_disk_read
     reason: str = ""
 
 
@@ -76,8 +82,13 @@ class SchedulerCore:
         self.events: deque = deque(maxlen=MAX_RECENT_EVENTS)
         self.counters = {"loaded_blocks": 0, "load_failures": 0, "stored_blocks": 0, "store_failures": 0}
         self.remote = self._open_remote(config, layout, model)
+        self.disk_file_bytes = file_bytes(layout)
+        if config.tiers.disk is not None:
+            found = scan(block_dir(config.tiers.disk.path, RemoteNamespace(model, self.codec_id, layout)))
+            self.manager.restore_disk([f.block_hash for f in found])
         self._loads: list[LoadItem] = []  # queued for the next plan
         self._fetches: list[RemoteItem] = []  # queued for the next plan, before its loads
+        self._disk_reads: list[RemoteItem] = []  # queued for the next plan, before its loads
         self._in_flight: dict[int, StepRecord] = {}
         self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
         self._step = 0

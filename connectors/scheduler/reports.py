@@ -4,9 +4,9 @@ into the manager's completions, copy timings and failure causes into inspection.
 
 Provides:
     ReportVerbs
-        on_reports(reports)     completions → complete_store/load/fetch/transfer; a store or load is ok
-                                only if it is ok on every rank; a job completes once world_size ranks
-                                reported it
+        on_reports(reports)     completions → complete_store/load/fetch/disk_read/transfer; a store or
+                                load is ok only if it is ok on every rank; a job completes once
+                                world_size ranks reported it
 
 A request that computed over a block whose load failed (on any rank) computed wrong KV: its stores of that
 step, and of the steps planned before the failure was reported, are aborted (vLLM recomputes those blocks and
@@ -35,6 +35,10 @@ class ReportVerbs(SchedulerCore):
             counted = report.rank == 0
             if counted and report.remote:  # every rank writes its shard of the same blocks: count once
                 self.inspection.record_remote(**{c.event: c.blocks for c in report.remote})
+            if counted and report.disk:  # bytes: every rank's files, a block's file each
+                counts = {c.event: c.blocks for c in report.disk}
+                written = counts.get("written", 0) * self.disk_file_bytes * self.world_size
+                self.inspection.record_disk(**counts, written_bytes=written)
             for sample in report.io:
                 blocks = sample.blocks if counted else 0
                 self.inspection.record_io(sample.direction, blocks, sample.bytes, sample.seconds)
@@ -89,6 +93,12 @@ class ReportVerbs(SchedulerCore):
             if pinned and block_hash in record.fetched:
                 self.manager.complete_fetch([block_hash], ok, reason)
                 self.inspection.record_remote(**{"fetched" if ok else "fetch_failures": 1})
+            elif pinned and block_hash in record.disk_read:  # a failed one's file is forgotten (deleted)
+                self.manager.complete_disk_read([block_hash], ok, reason)
+                if ok:
+                    self.inspection.record_disk(read=1, read_bytes=self.disk_file_bytes * self.world_size)
+                else:
+                    self.inspection.record_disk(read_failures=1)
             elif pinned:  # refused loads were never pinned: nothing to complete
                 self.manager.complete_load([block_hash], ok, reason)
             self.counters["loaded_blocks" if ok else "load_failures"] += 1

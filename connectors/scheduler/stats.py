@@ -10,7 +10,8 @@ no request output (a chunked prefill's first steps; 0.32 records them), and a lo
 for good, while the next totals still carry it. connectors/metrics.py turns totals back into counter
 increments, per engine. Counters come from the InspectionState (one counting core for inspection and
 metrics: hits_vram, misses, tokens_loaded, io_store_bytes, evicted_spill_by_graph, failures_no_room, …);
-gauges are each tier's used and total slots. Called on the scheduler thread (vLLM's
+gauges are each tier's used and total slots (the disk tier's: files, and the files tiers.disk.size
+holds). Called on the scheduler thread (vLLM's
 Scheduler.update_from_output → connector.get_kv_connector_stats), the thread that feeds the state.
 """
 
@@ -36,4 +37,8 @@ class StatsTap:
         for tier in self.manager.view().tiers():
             gauges[f"used_blocks_{tier.name}"] = tier.used_slots
             gauges[f"capacity_blocks_{tier.name}"] = tier.capacity_blocks
+        disk = self.manager.stats()
+        if "disk_capacity" in disk:
+            gauges["used_blocks_disk"] = disk["disk_blocks"]
+            gauges["capacity_blocks_disk"] = disk["disk_capacity"]
         return {"totals": dict(now), "gauges": gauges}

@@ -5,7 +5,8 @@ fallback when building it fails. A mixin of SchedulerCore (core.py); ConnectorSc
 Provides:
     StepVerbs
         build_plan(scheduler_output) -> StepPlan      loads + stores of newly full blocks + jobs, fetches and
-                                                      uploads; the step is kept in flight until reported
+                                                      uploads, disk writes, reads and drops; the step is kept
+                                                      in flight until reported
         observe_step(plan)                            policy hint: the plan's loads go together
         refuse_step(reason) -> StepPlan               fallback when build_plan raised: loads refused
         release_refused_step()                        then frees what the refused step had reserved
@@ -41,13 +42,19 @@ class StepVerbs(SchedulerCore):
         fetches, self._fetches = tuple(self._fetches), []
         uploads = tuple(self.manager.take_uploads())
         self.inspection.record_remote(uploads=len(uploads))
+        disk_writes, disk_drops = self.manager.take_disk_plan()
+        disk_reads, self._disk_reads = tuple(self._disk_reads), []
+        self.inspection.record_disk(writes=len(disk_writes), drops=len(disk_drops))
         self._building = None
         self._in_flight[step] = StepRecord(
             tuple((s.block_hash, wanted[s.block_hash][1]) for s in stores),
             tuple((x.block_hash, x.tier is not None, x.block_id) for x in loads),
             fetched=frozenset(f.block_hash for f in fetches),
+            disk_read=frozenset(f.block_hash for f in disk_reads),
         )
-        return StepPlan(step, loads, stores, jobs, uploads, fetches)
+        return StepPlan(
+            step, loads, stores, jobs, uploads, fetches, tuple(disk_writes), disk_reads, tuple(disk_drops)
+        )
 
     def observe_step(self, plan: StepPlan) -> None:
         """Blocks loaded together in a step (the graph's co_attend edges); a hint, given after the plan."""
@@ -63,11 +70,14 @@ class StepVerbs(SchedulerCore):
         self._building = None
         loads, self._loads = self._loads, []
         fetched, self._fetches = {f.block_hash for f in self._fetches}, []
+        disk_read, self._disk_reads = {f.block_hash for f in self._disk_reads}, []
         self._in_flight[step] = StepRecord((), tuple((x.block_hash, False, x.block_id) for x in loads))
-        pinned = [x.block_hash for x in loads if x.tier is not None and x.block_hash not in fetched]
+        filled = fetched | disk_read
+        pinned = [x.block_hash for x in loads if x.tier is not None and x.block_hash not in filled]
         self._refused = RefusedStep(
-            step, reserved, pinned, list(fetched), f"store aborted: step {step}'s plan failed: {reason}"
-        )
+            step, reserved, pinned, list(fetched), list(disk_read),
+            f"store aborted: step {step}'s plan failed: {reason}",
+        )  # fmt: skip
         logger.warning(
             "tiercache: step %d stores nothing (%d prepared stores aborted) and refuses its %d loads "
             "(recomputed)", step, len(reserved), len(loads),
@@ -86,3 +96,5 @@ class StepVerbs(SchedulerCore):
             self.manager.complete_load(refused.pinned)
         if refused.fetched:
             self.manager.complete_fetch(refused.fetched, False, refused.reason)
+        if refused.disk_read:  # the files were never read: they stay indexed
+            self.manager.complete_disk_read(refused.disk_read, False, refused.reason, keep_file=True)

@@ -2,15 +2,17 @@
 
 Provides:
     ConnectorWorker(config, geometry, rank=0, model="")   rank: vLLM's global rank of this worker (in its
-                                             reports); model: the remote tier's namespace
+                                             reports); model: the remote and disk tiers' namespace
         register(kv_caches, backend_names, cpu_isa=None)   K/V views per layer (primary mode: page views),
                                              the rank's TierWorker (pools on the cache's device: "vram" is the
                                              GPU, or host memory), then warm_up()
         warm_up() -> float                   on a GPU (warm_start.py): compile and run once the kernels of a
                                              store and a load, checksums included (seconds taken; 0.0 when
                                              there is nothing to warm or $TIERCACHE_WARM_START is 0)
-        start_step(plan)                     remote uploads and fetches (remote_steps.py), loads (decode into
-                                             vLLM's blocks; a failed fetch is a refused load), then submit
+        start_step(plan)                     remote uploads, disk writes and drops, disk reads
+                                             (disk_steps.py), remote fetches (remote_steps.py), loads
+                                             (decode into vLLM's blocks; a failed read or fetch is a
+                                             refused load), then submit
                                              the jobs. The loads' checksum verdicts are compared on the device
                                              and read by the decode: the host learns them later (settled
                                              before the jobs, in finish_step or in take_load_errors, whichever
@@ -22,7 +24,7 @@ Provides:
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
         take_report() -> WorkerReport | None   step results (with why each refused load was refused),
                                              finished jobs, timed loads and stores (IoSample), errors, the
-                                             remote writes since the last report
+                                             remote and disk writes since the last report
         shutdown()
 
 Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and decodes them on load;
@@ -50,6 +52,7 @@ from tiercache.wire import JobResult, StepPlan, StepResult, WorkerReport
 from tiercache.worker.tier_worker import TierWorker
 
 from ..common import Geometry
+from .disk_steps import DiskSteps
 from .io_timer import IoTimer
 from .kv_views import BlockAccess, kv_access
 from .remote_steps import RemoteSteps
@@ -65,6 +68,7 @@ class ConnectorWorker(StepIO):
         self.rank = rank
         self.model = model
         self.remote: RemoteSteps | None = None
+        self.disk: DiskSteps | None = None
         self.geometry = geometry
         self.layout = geometry.layout(config.codec)
         self.codec_id = geometry.codec_id(config.codec)
@@ -110,6 +114,9 @@ class ConnectorWorker(StepIO):
         if self.config.tiers.remote is not None:
             namespace = RemoteNamespace(self.model, self.codec_id, self.layout, self.rank)
             self.remote = RemoteSteps(self.config.tiers.remote, namespace, self.tiers)
+        if self.config.tiers.disk is not None:
+            namespace = RemoteNamespace(self.model, self.codec_id, self.layout, self.rank)
+            self.disk = DiskSteps(self.config.tiers.disk, namespace, self.tiers)
         self.timer = IoTimer(device)
         first = next(iter(g.layer_names))
         logger.info(
@@ -144,15 +151,27 @@ class ConnectorWorker(StepIO):
             step.submitted.add(job.job_id)
 
     def _remote(self, plan: StepPlan) -> dict[bytes, str]:
-        """Uploads first (their slots may be reused by this step's fetches and stores), then fetches; the
-        fetched blocks that are not in DRAM now, with why."""
-        if self.remote is None:
-            if plan.fetches or plan.uploads:
-                self._error(f"step {plan.step}: remote items in the plan but no remote tier on this worker")
-            return {f.block_hash: "no remote tier on this worker" for f in plan.fetches}
-        if plan.uploads:
+        """Remote uploads and disk writes first (their slots may be reused by this step's reads, fetches and
+        stores), disk drops after the writes, then disk reads and remote fetches; the blocks read or fetched
+        that are not in DRAM now, with why."""
+        failed: dict[bytes, str] = {}
+        tiers = (("remote", self.remote, plan.uploads, plan.fetches, ()),
+                 ("disk", self.disk, plan.disk_writes, plan.disk_reads, plan.disk_drops))  # fmt: skip
+        for name, steps, writes, reads, drops in tiers:
+            if steps is None and (writes or reads or drops):
+                self._error(f"step {plan.step}: {name} items in the plan but no {name} tier on this worker")
+                failed.update({f.block_hash: f"no {name} tier on this worker" for f in reads})
+        if self.remote is not None and plan.uploads:
             self.remote.upload(plan.uploads)
-        return self.remote.fetch(plan.fetches)
+        if self.disk is not None:
+            if plan.disk_writes:
+                self.disk.upload(plan.disk_writes)
+            if plan.disk_drops:
+                self.disk.drop(plan.disk_drops)
+            failed.update(self.disk.fetch(plan.disk_reads))
+        if self.remote is not None:
+            failed.update(self.remote.fetch(plan.fetches))
+        return failed
 
     def finish_step(self, plan: StepPlan) -> None:
         step = self._current(plan)
@@ -194,10 +213,11 @@ class ConnectorWorker(StepIO):
     def take_report(self) -> WorkerReport | None:
         io = tuple(self.timer.take()) if self.timer is not None else ()
         remote = self.remote.take_counts() if self.remote is not None else ()
-        if not (self._steps or self._jobs or self._errors or io or remote):
+        disk = self.disk.take_counts() if self.disk is not None else ()
+        if not (self._steps or self._jobs or self._errors or io or remote or disk):
             return None
         report = WorkerReport(
-            tuple(self._steps), tuple(self._jobs), tuple(self._errors), io, self.rank, remote
+            tuple(self._steps), tuple(self._jobs), tuple(self._errors), io, self.rank, remote, disk
         )
         self._steps, self._jobs, self._errors = [], [], []
         return report
@@ -205,9 +225,10 @@ class ConnectorWorker(StepIO):
     def shutdown(self) -> None:
         if self.tiers is not None and self.tiers.jobs_in_flight:
             self._jobs += self.tiers.wait()
-        if self.remote is not None:
-            self.remote.close()
-            self.remote = None
+        for steps in (self.remote, self.disk):
+            if steps is not None:
+                steps.close()
+        self.remote = self.disk = None
 
     # ------------------------------------------------------------------ loads and stores
     def _current(self, plan: StepPlan) -> StepState:

@@ -3,7 +3,9 @@ when), fetches of blocks the scheduler found in the remote store (into the DRAM 
 here decides anything.
 
 Provides:
-    RemoteSteps(config, namespace, tiers)   config: tiers.remote (RemoteConfig); namespace: this rank's keys
+    RemoteSteps(config, namespace, tiers, store=None)   config: tiers.remote (RemoteConfig); namespace: this
+                                            rank's keys; store: the store to use instead of opening
+                                            config's (the disk tier's DiskStore: disk_steps.py)
         upload(items) -> int                queue each RemoteItem's bytes, from its VRAM or DRAM slot in the
                                             DRAM format (copied now: the slot may be reused later in the step;
                                             remote_io.upload_rows) on the bounded write-behind queue; returns
@@ -57,9 +59,11 @@ _EVENT_OF = {BAD_VALUE: "bad_values", BAD_MAC: "bad_macs", VANISHED: "vanished"}
 
 
 class RemoteSteps:
-    def __init__(self, config: RemoteConfig, namespace: RemoteNamespace, tiers: TierWorker) -> None:
+    def __init__(
+        self, config: RemoteConfig, namespace: RemoteNamespace, tiers: TierWorker, store=None
+    ) -> None:
         self.tiers = tiers
-        self.store = open_store(config, namespace)
+        self.store = store if store is not None else open_store(config, namespace)
         self.writer = RemoteWriter(self.store, config.queue_blocks)
         self._reported = dict.fromkeys(WRITE_EVENTS + READ_EVENTS, 0)  # totals at the last take_counts
         self._refused = dict.fromkeys(READ_EVENTS, 0)  # blocks whose value was refused, by event
@@ -79,29 +83,42 @@ class RemoteSteps:
     def fetch(self, items: Sequence[RemoteItem]) -> dict[bytes, str]:
         if not items:
             return {}
+        failed, todo = self._held(items)
+        got = read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
+        failed.update(self._fill(todo, got))
+        return failed
+
+    def _held(self, items: Sequence[RemoteItem]) -> tuple[dict[bytes, str], list[RemoteItem]]:
+        """(the blocks the store does not hold, with why; the items of those it holds): one existence call."""
         hashes = [item.block_hash for item in items]
         answer = self.store.exists(hashes)
+        tier = self.store.tier_name
         failed = {
-            h: f"remote fetch: {answer.reason or 'not in the remote store'}"
+            h: f"{tier} fetch: {answer.reason or f'not in the {tier} store'}"
             for h, found in zip(hashes, answer.found, strict=True)
             if not found
         }
-        todo = [item for item in items if item.block_hash not in failed]
-        got = read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
+        _log_missed(failed)
+        return failed, [item for item in items if item.block_hash not in failed]
+
+    def _fill(self, todo: Sequence[RemoteItem], got: Sequence[RemoteBlock | RemoteMiss]) -> dict[bytes, str]:
+        """got: the checked values of todo's blocks (read_blocks). The verified ones written into their DRAM
+        slots; the others, with why (each refusal counted)."""
+        tier = self.store.tier_name
+        failed: dict[bytes, str] = {}
         good = [
             (item, block) for item, block in zip(todo, got, strict=True) if isinstance(block, RemoteBlock)
         ]
         for item, block in zip(todo, got, strict=True):
             if isinstance(block, RemoteMiss):
-                failed[item.block_hash] = f"remote fetch: {block.reason}"
+                failed[item.block_hash] = f"{tier} fetch: {block.reason}"
                 self._refusal(item.block_hash, block)
         blocks = [block for _, block in good]
         for run in batches_of(blocks):  # each get call's rows copied once, into their DRAM slots
             rows = rows_of(blocks[run.start : run.stop])  # [n, dram_stride] uint8
             sums = torch.stack([block.pieces for block in blocks[run.start : run.stop]])  # [n, 2, L, 2]
             self.tiers.fill_dram([item for item, _ in good[run.start : run.stop]], rows, sums)
-        for block_hash, reason in failed.items():
-            logger.debug("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)
+        _log_missed(failed)
         return failed
 
     def _refusal(self, block_hash: bytes, miss: RemoteMiss) -> None:
@@ -114,9 +131,9 @@ class RemoteSteps:
         if self._refused[event] == 1:
             log = logger.info if miss.kind == VANISHED else logger.warning
             log(
-                "tiercache: remote block %s refused: %s; it is recomputed, the other blocks are served and "
-                "the store stays up; further ones are only counted (remote_%s)",
-                block_hash.hex()[:16], miss.reason, event,
+                "tiercache: %s block %s refused: %s; it is recomputed, the other blocks are served and "
+                "the store stays up; further ones are only counted (%s_%s)", self.store.tier_name,
+                block_hash.hex()[:16], miss.reason, self.store.tier_name, event,
             )  # fmt: skip
 
     def take_counts(self) -> tuple[RemoteCount, ...]:
@@ -135,6 +152,12 @@ class RemoteSteps:
 
     def close(self, timeout: float = 10.0) -> None:
         if not self.writer.flush(timeout):
-            logger.warning("tiercache: remote writes still queued after %gs at shutdown: dropped", timeout)
+            tier = self.store.tier_name
+            logger.warning("tiercache: %s writes still queued after %gs at shutdown: dropped", tier, timeout)
         self.writer.close()
         self.store.close()
+
+
+def _log_missed(failed: dict[bytes, str]) -> None:
+    for block_hash, reason in failed.items():
+        logger.debug("tiercache: block %s: %s (recomputed)", block_hash.hex()[:16], reason)

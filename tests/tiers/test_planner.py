@@ -169,3 +169,13 @@ def test_cli_warns_about_a_tier_that_holds_no_block(tmp_path, capsys):
     (warning,) = [line for line in capsys.readouterr().err.splitlines() if "tiers.vram" in line]
     assert "tiers.vram = 4 B (4 bytes) holds 0 tokens, not one block of 16" in warning
     assert "give tiers.vram a size such as 4GiB" in warning
+
+
+def test_cli_counts_the_disk_tier(tmp_path, capsys):
+    """tiers.disk in tokens of the configured codec (K8V4 at Llama-3-8B's 8 KV heads: 51,200 bytes a token;
+    1 GiB holds 20,971 of them)."""
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text(f"codec: k8v4\ntiers:\n  disk: {{path: {tmp_path}, size: 1GiB}}\n")
+    args = ["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers), "--gpu-memory", "80GiB"]
+    assert main(args) == 0
+    assert f"tiers.disk per rank: 1.00 GiB at {tmp_path}: ~20,971 tokens" in capsys.readouterr().out

@@ -251,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
           "(benchmarks/RESULTS.md)")  # fmt: skip
     for line in tier_size_lines(tiers, per_token, args.tensor_parallel):
         print(line)
+    if tiers.disk is not None:
+        disk = tiers.disk.size
+        tokens = disk.tokens if disk.tokens is not None else int(disk.bytes // per_token)
+        print(f"tiers.disk per rank: {disk} at {tiers.disk.path}: ~{tokens:,} tokens of the configured codec "
+              "(one file per block: a 256-byte header, 4 KiB-aligned)")  # fmt: skip
     for warning in memory_warnings(tiers, per_token, host, gpu, args.tensor_parallel):
         print(f"tiercache plan: warning: {warning}", file=sys.stderr)
     if gpu is None:

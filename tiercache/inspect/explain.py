@@ -47,6 +47,8 @@ def explain(view: ManagerView | None, snap: Snapshot, key: bytes | str) -> dict[
         idle = out["block"]["idle_s"]
         out.update(policy="lru", score=-idle, components={"idle_s": idle})
     out["summary"] = summary(out)
+    if block is None and view is not None and view.on_disk(block_hash):
+        out["summary"] = "On the disk tier (read back into DRAM at its next hit); " + out["summary"]
     return out
 
 

@@ -32,16 +32,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tiercache.scheduler.events import DeclineEvent, DropEvent, EvictionEvent, StoreEvent, TierEvent
-from tiercache.wire import DRAM, REMOTE, VRAM
+from tiercache.wire import DISK, DRAM, REMOTE, VRAM
 
 # RequestRecord.where: one character per block of the prompt that was looked up
 WHERE = {
     "v": VRAM,
     "d": DRAM,
     "r": REMOTE,
+    "k": DISK,
     "-": None,
-}  # stored and readable in that tier (r: in the remote store, fetched); "-": not stored; "x": unreadable
-_CODE = {VRAM: "v", DRAM: "d", REMOTE: "r"}
+}  # stored and readable in that tier (r: in the remote store, fetched; k: on the local disk, read);
+# "-": not stored; "x": unreadable
+_CODE = {VRAM: "v", DRAM: "d", REMOTE: "r", DISK: "k"}
 # vLLM's OpenAI server answers with one id per response (cmpl-…) and gives the engine that id plus "-<i>",
 # the prompt's index in the request: the response id names the newest of them.
 _PROMPT_INDEX = re.compile(r"(?P<response>.+)-\d+")

@@ -12,6 +12,7 @@ Provides:
         record_tokens(loaded, recomputed)   tokens served from the tiers vs computed by vLLM (optional)
         record_request(record)              one admission (request_log.RequestRecord), for explain_request
         record_io(direction, blocks, nbytes, seconds)   a timed copy: load, store (IoSample), spill, warm
+        record_disk(**counts)               the disk tier's block counts, as counters disk_<name>
         record_failure(cause)               a failed load, by cause (events.CAUSES); failed stores and moves
                                             are counted from their events
         counters                            cumulative, plain ints: what stats() and vLLM's metrics read
@@ -191,6 +192,15 @@ class InspectionState:
         for name, n in counts.items():
             if n:
                 self.counters["remote_" + name] = self.counters.get("remote_" + name, 0) + n
+
+    def record_disk(self, **counts: int) -> None:
+        """The disk tier's block counts (hits: found by admissions; read, read_failures, writes (planned),
+        drops (planned); the workers' written, already_stored, dropped_full, write_failures, bad_values,
+        vanished) and bytes (read_bytes, written_bytes: over all ranks) as counters disk_<name>: present
+        only once a disk tier counted something."""
+        for name, n in counts.items():
+            if n:
+                self.counters["disk_" + name] = self.counters.get("disk_" + name, 0) + n
 
     def record_failure(self, cause: str) -> None:
         _add(self.counters, "failures_" + cause)

@@ -11,7 +11,7 @@ Provides:
         put(hashes, values) -> str | None   store values (encode_value's); None when stored, else why not
         refuse(hash, miss), refused(hash)   a value its reader refused: not fetched again for refuse_for
                                             seconds; a writer rewrites it even though its key exists
-        up, reason, stats() -> dict[str, int | str]
+        up, reason, stats() -> dict[str, int | str], tier_name "remote"
         close()
     open_store(config, namespace, **kw) -> RemoteStore   (TierCacheError naming the install command when
                                             LMCache is missing)
@@ -76,6 +76,8 @@ class RemoteAnswer:
 
 
 class RemoteStore(StoreLoads):
+    tier_name = "remote"  # the tier in the reasons and log lines of the code it shares with the disk tier
+
     # ------------------------------------------------------------------ calls
     def exists(self, hashes: Sequence[bytes]) -> RemoteAnswer:
         adapter = self._usable()

@@ -9,6 +9,9 @@ Provides:
     stores.py       StoreVerbs: prepare_store (with the policy's admission control), complete/abort_store
     transfers.py    TransferVerbs: take_jobs, complete_transfer, spill
     remote_tier.py  RemoteVerbs: take_uploads, prepare_fetch, complete_fetch
+    disk_tier.py    DiskVerbs: disk_prefix, prepare_disk_read, complete_disk_read, take_disk_plan,
+                    restore_disk
+    disk_index.py   DiskIndex: the disk tier's files (what to write, what to drop), owned by the manager
     blocks.py       BlockIndex, BlockEntry: block hash → tier, slot, state; each tier's recency order
     recency.py      RecencyOrder: the one least-recently-used order (also the replay's LRU simulator's)
     allocator.py    SlotAllocator: slots as contiguous runs

@@ -43,7 +43,8 @@ class BlockEntry:
     hits: int = 0
     move: PendingMove | None = None
     retired: list[tuple[str, int]] = field(default_factory=list)  # old slots that loads in flight still read
-    from_remote: bool = False  # fetched from the remote store (which holds it: never uploaded again)
+    from_remote: bool = False  # fetched from the remote store or read from the disk tier (which hold it:
+    # never uploaded to the remote store again)
 
     @property
     def evictable(self) -> bool:

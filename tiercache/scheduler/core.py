@@ -4,14 +4,17 @@ combines them: one object, so one owner of the index, the slots, the jobs and th
 
 Provides:
     ManagerCore(vram_blocks, dram_blocks, codec_id, policy=None, spill_watermark=1/16, clock=monotonic,
-                max_events=1_000_000, remote_write=None)       builds the state; TierManager's constructor
+                max_events=1_000_000, remote_write=None, disk_blocks=0, disk_write="evicted")
+                                                                builds the state; TierManager's constructor
         codec_id, remote_write, policy, clock                   what the manager runs with
         _alloc {tier: SlotAllocator}, _index (BlockIndex), _jobs (JobBook), _retired (old slots of moved
         blocks that loads in flight still read), _mover (Mover), _log (EventLog) and _emit, _view,
         _uploads (blocks for the remote store's next plan: RemoteItem with the tier and slot they are in),
+        _disk (DiskIndex | None: the disk tier's files, disk_index.py; None without a disk tier),
         _upload(entry, when)            queue entry's upload when the write policy is `when` (and it never
                                         came from the store)
-        _apply(plan)                    carry out a Mover's RoomPlan: drops (uploads queued), one spill job
+        _apply(plan)                    carry out a Mover's RoomPlan: drops (uploads and disk writes queued),
+                                        one spill job
         _start_move(src, dst, entries, slots) -> TransferJob   a job to fresh slots (freed if it fails)
         _emit_move(job, hash, stage, src, dst, reason) / _record_eviction(victim, tier_to)   their events
         _drop(entry, reason)            remove an idle block without a policy choice (failed load or transfer)
@@ -29,6 +32,7 @@ from collections.abc import Callable
 
 from tiercache.scheduler.allocator import SlotAllocator
 from tiercache.scheduler.blocks import BlockEntry, BlockIndex, PendingMove
+from tiercache.scheduler.disk_index import DiskIndex
 from tiercache.scheduler.event_log import EventLog
 from tiercache.scheduler.events import DropEvent, EvictionEvent, MoveEvent, StoreEvent
 from tiercache.scheduler.moves import JobBook, Mover, RoomPlan, Victim
@@ -52,12 +56,15 @@ class ManagerCore:
         clock: Callable[[], float] = time.monotonic,
         max_events: int = 1_000_000,
         remote_write: str | None = None,
+        disk_blocks: int = 0,
+        disk_write: str = "evicted",
     ) -> None:
         if remote_write not in REMOTE_WRITES:
             raise ValueError(f"remote_write: got {remote_write!r}; expected one of {REMOTE_WRITES}")
         self.codec_id = codec_id
         self.remote_write = remote_write
         self._uploads: list[RemoteItem] = []  # blocks for the next plan's uploads
+        self._disk = DiskIndex(disk_blocks, disk_write) if disk_blocks else None
         self.policy = policy or LRUPolicy(clock)
         self.clock = clock
         self._alloc = {VRAM: SlotAllocator(vram_blocks, VRAM), DRAM: SlotAllocator(dram_blocks, DRAM)}
@@ -85,6 +92,8 @@ class ManagerCore:
             self._record_eviction(victim, tier_to=None)
             if entry.tier == DRAM:
                 self._upload(entry, "evicted")
+                if self._disk is not None:
+                    self._disk.evicted(entry.block_hash, entry.slot, entry.hits)
             self._index.remove(entry)
             freed.setdefault(entry.tier, []).append(entry.slot)
         for tier, slots in freed.items():

@@ -9,9 +9,12 @@ Provides:
                                             store completes (complete_store); "reused": at its first hit
                                             (prepare_load); "evicted": when dropped from DRAM (_apply);
                                             never a block that came from the store
-        prepare_fetch(hashes) -> PrepareLoadOutput | None   reserve DRAM slots for blocks the remote store
-                                            holds, pinned as loads (None: no room, or a block is known here)
-        complete_fetch(hashes, ok, reason)  the fetch and its load are done: ready in DRAM, or released
+        prepare_fetch(hashes, source=REMOTE) -> PrepareLoadOutput | None   reserve DRAM slots for blocks
+                                            the remote store (or the disk tier: source DISK) holds, pinned
+                                            as loads (None: no room, or a block is known here)
+        complete_fetch(hashes, ok, reason, source=REMOTE)  the fetch and its load are done: ready in DRAM,
+                                            or released
+A block fetched from either is marked from_remote: the remote store is never written it again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tiercache.scheduler.abstract import PrepareLoadOutput
 from tiercache.scheduler.blocks import BlockEntry
 from tiercache.scheduler.core import ManagerCore
 from tiercache.scheduler.events import MissEvent, StoreEvent
-from tiercache.wire import DRAM, RemoteItem
+from tiercache.wire import DRAM, REMOTE, RemoteItem
 
 
 class RemoteVerbs(ManagerCore):
@@ -30,16 +33,16 @@ class RemoteVerbs(ManagerCore):
         uploads, self._uploads = self._uploads, []
         return uploads
 
-    def prepare_fetch(self, hashes: Sequence[bytes]) -> PrepareLoadOutput | None:
+    def prepare_fetch(self, hashes: Sequence[bytes], source: str = REMOTE) -> PrepareLoadOutput | None:
         """All or nothing: fresh DRAM slots (room made by DRAM drops) for blocks found in the remote store,
         each entry pinned by its load (refs 1) and not ready until complete_fetch. None (a MissEvent per
         block says why): no DRAM room, or a block already has an entry here (stored or in flight)."""
         known = next((h for h in hashes if h in self._index), None)
         if known is not None or len(set(hashes)) < len(hashes):
-            return self._fetch_refused(hashes, "a block is already stored here or asked twice")
+            return self._fetch_refused(hashes, "a block is already stored here or asked twice", source)
         self._apply(self._mover.dram_room(len(hashes)))
         if self._alloc[DRAM].num_free < len(hashes):
-            return self._fetch_refused(hashes, f"no DRAM room for {len(hashes)} blocks")
+            return self._fetch_refused(hashes, f"no DRAM room for {len(hashes)} blocks", source)
         slots = self._alloc[DRAM].allocate(len(hashes))
         now = self.clock()
         for block_hash, slot in zip(hashes, slots, strict=True):
@@ -49,11 +52,13 @@ class RemoteVerbs(ManagerCore):
             self._index.add(entry)
         return PrepareLoadOutput(tuple(hashes), (DRAM,) * len(hashes), tuple(slots))
 
-    def _fetch_refused(self, hashes: Sequence[bytes], reason: str) -> None:
+    def _fetch_refused(self, hashes: Sequence[bytes], reason: str, source: str) -> None:
         for block_hash in hashes:
-            self._emit(MissEvent, block_hash, f"remote fetch refused: {reason}")
+            self._emit(MissEvent, block_hash, f"{source} fetch refused: {reason}")
 
-    def complete_fetch(self, hashes: Sequence[bytes], ok: bool = True, reason: str = "") -> None:
+    def complete_fetch(
+        self, hashes: Sequence[bytes], ok: bool = True, reason: str = "", source: str = REMOTE
+    ) -> None:
         """ok: fetched and loaded on every rank → ready in DRAM; else released (slot freed, a StoreEvent
         with stored=False and the reason). ValueError if a block has no fetch in flight."""
         for block_hash in hashes:
@@ -63,8 +68,7 @@ class RemoteVerbs(ManagerCore):
             entry.refs = 0
             if ok:
                 self._index.mark_ready(entry)
-                self._emit(
-                    StoreEvent, block_hash, "fetched from the remote store", tier=DRAM, slot=entry.slot
-                )
+                what = "fetched from the remote store" if source == REMOTE else f"read from the {source} tier"
+                self._emit(StoreEvent, block_hash, what, tier=DRAM, slot=entry.slot)
             else:
-                self._release_store(entry, f"remote fetch failed: {reason or 'on a worker'}")
+                self._release_store(entry, f"{source} fetch failed: {reason or 'on a worker'}")

@@ -11,6 +11,7 @@ Provides:
         blocks(tier, limit=None)              that tier's ready blocks, most recently used first (lazy)
         hashes() / __len__ / __contains__     every stored block, stores in flight included
         slot_used(tier, slot) -> bool         the slot is owned (by a block, a move or a retired slot)
+        on_disk(hash) -> bool                 the disk tier holds a file of it (False without a disk tier)
         stats() -> dict                       counters (blocks, free slots, jobs in flight, …)
 
 Views read live state without a lock: call them on the scheduler thread, or accept that a block moving at
@@ -103,6 +104,10 @@ class ManagerView:
 
     def slot_used(self, tier: str, slot: int) -> bool:
         return self._alloc[tier].is_used(slot)
+
+    def on_disk(self, block_hash: bytes) -> bool:
+        disk = self._m._disk
+        return disk is not None and block_hash in disk
 
     def stats(self) -> dict[str, Any]:
         return self._m.stats()

@@ -13,10 +13,15 @@ Provides:
                                          its slot may be reused at once; its MAC, when the store's namespace
                                          has a secret, is computed on the writer's thread); False: the queue
                                          is full and the block is dropped (counted, logged once per burst)
+        withdraw(hashes, remove)         these blocks must not stay written: queued ones are skipped (or
+                                         removed again if being written now), then remove(hashes) runs (the
+                                         disk tier deletes files the scheduler dropped: never one left behind
+                                         by a write that was queued before the drop)
         flush(timeout) -> bool           wait until every queued block was tried
         stats() -> dict                  queued, written, already_stored, dropped_full, write_failures,
                                          last_error
         close()
+    check_values(store, hashes, values, misses) -> the same, for values store.get already answered
     read_blocks(store, hashes) -> list[RemoteBlock | RemoteMiss]   fetch values and check each: size, MAC
                                          (when a secret is set: before anything else of the value is
                                          trusted), header (codec id, block hash, size) and the payload's
@@ -150,6 +155,8 @@ class RemoteWriter:
         self._last_error = ""
         self._lock = threading.Lock()
         self._pending = 0  # offered and not yet tried
+        self._queued: Counter[bytes] = Counter()  # offered and not yet tried, per block
+        self._withdrawn: set[bytes] = set()  # queued blocks withdrawn: not written, or removed once written
         self._idle = threading.Condition(self._lock)
         self._dropping = False  # inside a burst of drops (one log line per burst)
         self._thread = threading.Thread(target=self._run, name="tiercache-remote-writer", daemon=True)
@@ -165,14 +172,20 @@ class RemoteWriter:
                 if not self._dropping:
                     self._dropping = True
                     logger.warning(
-                        "tiercache: remote write queue full (%d blocks): dropping blocks until it drains",
-                        self._queue.maxsize,
-                    )
+                        "tiercache: %s write queue full (%d blocks): dropping blocks until it drains",
+                        self.store.tier_name, self._queue.maxsize,
+                    )  # fmt: skip
                 return False
             self._dropping = False
             self._pending += 1
+            self._queued[block_hash] += 1
             self._stats["queued"] += 1
         return True
+
+    def withdraw(self, hashes: Sequence[bytes], remove) -> None:
+        with self._lock:
+            self._withdrawn.update(h for h in hashes if self._queued[h])
+        remove(hashes)
 
     def flush(self, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -209,8 +222,16 @@ class RemoteWriter:
                 return
 
     def _write(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
-        """One existence call for the batch, then one put of the blocks the store does not hold."""
+        """One existence call for the batch, then one put of the blocks the store does not hold (withdrawn
+        blocks skipped; those withdrawn while being written are removed again)."""
         held = 0
+        with self._lock:
+            skipped = [item for item in batch if item[0] in self._withdrawn]
+        if skipped:
+            batch = [item for item in batch if item[0] not in self._withdrawn]
+            self._settle(skipped, written=False)
+        if not batch:
+            return
         try:
             answer = self.store.exists([h for h, _ in batch])
             reason = answer.reason
@@ -232,6 +253,20 @@ class RemoteWriter:
             else:
                 self._stats["write_failures"] += len(batch) - held
                 self._last_error = reason
+        self._settle(batch, written=True)
+
+    def _settle(self, batch: list[tuple[bytes, torch.Tensor]], written: bool) -> None:
+        """The batch was tried: no longer queued; written: its blocks withdrawn meanwhile are removed."""
+        with self._lock:
+            remove = [h for h, _ in batch if h in self._withdrawn] if written else []
+        if remove:
+            self.store.remove(remove)
+        with self._idle:
+            for block_hash, _ in batch:
+                self._queued[block_hash] -= 1
+                if not self._queued[block_hash]:
+                    del self._queued[block_hash]
+                    self._withdrawn.discard(block_hash)
             self._pending -= len(batch)
             self._idle.notify_all()
 
@@ -245,7 +280,16 @@ class RemoteWriter:
 
 def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock | RemoteMiss]:
     """Per block: its verified bytes, or why it is a miss (not loaded, MAC, header, checksum)."""
-    values, misses = store.get(hashes)
+    return check_values(store, hashes, *store.get(hashes))
+
+
+def check_values(
+    store: RemoteStore,
+    hashes: Sequence[bytes],
+    values: Sequence[torch.Tensor | None],
+    misses: Sequence[RemoteMiss | None],
+) -> list[RemoteBlock | RemoteMiss]:
+    """read_blocks for the answer of store.get(hashes): (values, misses)."""
     got = [i for i, value in enumerate(values) if value is not None]
     headers = iter(parse_headers([values[i] for i in got], store.namespace, [hashes[i] for i in got]))
     out: list[RemoteBlock | RemoteMiss] = []
@@ -253,12 +297,13 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
     for value, miss in zip(values, misses, strict=True):
         if value is None:
             assert miss is not None
-            what = "remote value refused" if miss.kind in (BAD_VALUE, BAD_MAC) else "remote load failed"
+            what = "value refused" if miss.kind in (BAD_VALUE, BAD_MAC) else "load failed"
+            what = f"{store.tier_name} {what}"
             out.append(RemoteMiss(miss.kind, f"{what}: {miss.reason}"))  # words the scheduler's causes read
             continue
         header = next(headers)
         if isinstance(header, RemoteMiss):
-            out.append(RemoteMiss(header.kind, f"remote value refused: {header.reason}"))
+            out.append(RemoteMiss(header.kind, f"{store.tier_name} value refused: {header.reason}"))
             continue
         parsed.append((len(out), header))
         out.append(RemoteMiss(BAD_VALUE, "not checked"))  # replaced below
@@ -272,10 +317,11 @@ def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock
             if tuple(sums) == tuple(expected):
                 out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), pieces[j], rows, j)
             else:
+                sums_stored = f"{_hex(expected[0])}/{_hex(expected[1])}"
                 out[i] = RemoteMiss(
                     BAD_VALUE,
-                    f"remote value refused: checksum mismatch (sums {_hex(expected[0])}/{_hex(expected[1])} "
-                    f"stored, {_hex(sums[0])}/{_hex(sums[1])} read)",
+                    f"{store.tier_name} value refused: checksum mismatch (sums {sums_stored} stored, "
+                    f"{_hex(sums[0])}/{_hex(sums[1])} read)",
                 )
     return out
 
