@@ -13,6 +13,13 @@ error is logged once, with what it costs, and turned into a miss — a lookup of
 (vLLM recomputes them; kv_load_failure_policy is set to "recompute"), a step that stores nothing, a failed
 transfer — never raised into the engine. Start-up configuration errors are raised, and so is an unreadable
 step plan on a worker (see _plan).
+
+Loads take vLLM's asynchronous path: a request with hits waits (WAITING_FOR_REMOTE_KVS) through the step
+whose plan carries its loads, every rank reports it received after that step (get_finished), with the
+blocks that failed (get_block_ids_with_load_errors) — and vLLM recomputes those before the request first
+computes. Loaded in the step that also computes the request, a failed block would be reported after the
+forward pass used it, and under vLLM's asynchronous scheduling the next step, fed by that pass's token, is
+already scheduled (vLLM #34484, #45138): that token would be kept.
 """
 
 from __future__ import annotations
@@ -92,7 +99,7 @@ class TierCacheConnector(KVConnectorBase_V1):
                  fallback=abandon)  # fmt: skip
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are synchronous, done in start_load_kv
+        return  # loads are done in start_load_kv, for requests that do not compute in this step
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         return  # stores read vLLM's cache once per step, in wait_for_save
@@ -102,6 +109,15 @@ class TierCacheConnector(KVConnectorBase_V1):
         abandon = lambda reason: self.worker.abandon_stores(plan, reason)
         _guarded(f"step {plan.step}: storing", "its blocks are not stored", self.worker.finish_step, plan,
                  fallback=abandon)  # fmt: skip
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(sent: none, received: the requests whose loads this step ran, failed blocks included: those are
+        in get_block_ids_with_load_errors, asked next, and vLLM recomputes them before the request runs)."""
+        plan = self._plan()
+        abandon = lambda reason: self.worker.abandon_stores(plan, reason)
+        _guarded(f"step {plan.step}: ending", "its stores are not kept", self.worker.end_step, plan,
+                 fallback=abandon)  # fmt: skip
+        return None, set(plan.load_requests) or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors()
@@ -126,8 +142,8 @@ class TierCacheConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         s = self.scheduler
         what = f"lookup of request {request.request_id}"
-        n = _guarded(what, "treated as a miss", s.num_matched_tokens, request, num_computed_tokens)
-        return n or 0, False
+        n = _guarded(what, "treated as a miss", s.num_matched_tokens, request, num_computed_tokens) or 0
+        return n, n > 0  # loaded asynchronously: see the module's docstring
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         s = self.scheduler

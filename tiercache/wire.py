@@ -10,8 +10,9 @@ Provides:
     RemoteItem              one block between a local slot and the remote store or the disk tier (block
                             hash, slot, tier: an upload's VRAM or DRAM, a fetch's DRAM)
     StepPlan                scheduler → workers, one per engine step: loads, stores, jobs, the remote
-                            tier's uploads (VRAM or DRAM slot → store) and fetches (store → DRAM slot), and
-                            the disk tier's writes (DRAM slot → file), reads (file → DRAM slot) and drops
+                            tier's uploads (VRAM or DRAM slot → store) and fetches (store → DRAM slot), the
+                            disk tier's writes (DRAM slot → file), reads (file → DRAM slot) and drops, and the
+                            requests whose loads end with the step
     StepResult              one rank's outcome of a step's loads and stores, aligned with its plan, with
                             why each failed load failed (LoadFailure)
     JobResult               one rank's outcome of a transfer job: ok, blocks, bytes, seconds, error
@@ -143,6 +144,8 @@ class StepPlan:
     disk_writes: tuple[RemoteItem, ...] = ()  # DRAM slot → its block's file (blocks dropped from DRAM)
     disk_reads: tuple[RemoteItem, ...] = ()  # file → DRAM slot (their loads follow in `loads`)
     disk_drops: tuple[bytes, ...] = ()  # block hashes whose files are deleted (and queued writes cancelled)
+    load_requests: tuple[str, ...] = ()  # requests whose loads (all of them) are in `loads`: each rank
+    # reports them to vLLM as received after this step (vLLM's asynchronous-load path)
 
 
 @dataclass(frozen=True, slots=True)

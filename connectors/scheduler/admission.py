@@ -7,11 +7,14 @@ Provides:
     AdmissionVerbs
         num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events), extended
                                                                   by the blocks the disk tier, then the
-                                                                  remote store, hold next
+                                                                  remote store, hold next; 0 for vLLM's
+                                                                  retry after failed loads
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
                                                                   (disk and remote hits: a DRAM slot each,
                                                                   filled by the workers before the load);
                                                                   records the admission (a RequestRecord)
+                                                                  unless it is vLLM's retry after failed
+                                                                  loads
         refuse_loads(request, block_ids, num_external_tokens)     fallback: queue them refused instead
     caller_id(request_id) -> str | None     the id the caller gave, when vLLM appended its random suffix
 
@@ -32,13 +35,19 @@ from .core import SchedulerCore
 
 class AdmissionVerbs(SchedulerCore):
     def num_matched_tokens(self, request, num_computed_tokens: int) -> int:
+        """0 for vLLM's retry of a request whose loads failed: it recomputes what it did not load, as it
+        would had the failure been found before its admission (offering the same hits again could fail the
+        same way for ever)."""
+        state = self.requests.admit(request, num_computed_tokens)
+        state.asked = True
+        if state.retry:
+            return 0
         max_blocks = (request.num_tokens - 1) // self.block_size  # one token is always recomputed
         hashes = request.block_hashes[:max_blocks]
         hit = self.manager.lookup(hashes, record=False)
         hit = max(hit, num_computed_tokens // self.block_size)
         hit += self.manager.disk_prefix(hashes[hit:])
         hit += self._remote_prefix(hashes[hit:])
-        self.requests.admit(request, num_computed_tokens)
         return max(0, hit * self.block_size - num_computed_tokens)
 
     def _remote_prefix(self, hashes: Sequence[bytes]) -> int:
@@ -62,9 +71,15 @@ class AdmissionVerbs(SchedulerCore):
         """Queue the loads first, then the policy hints and statistics: if a hint fails, the fallback
         (refuse_loads) finds the loads already queued and changes nothing."""
         state = self.requests.admit(request)
+        if not state.asked:  # vLLM's call when a request whose loads ended is scheduled: admitted before
+            return
+        state.asked = False
+        retry, state.retry = state.retry, False
         fetched: dict[bytes, str] = {}  # block → the tier it is read from (DISK, REMOTE)
         if num_external_tokens > 0:
+            self._load_requests.append(request.request_id)  # first: a fallback must find it queued
             hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
+            state.load_block_ids = frozenset(ids)
             below = self.remote is not None or self.config.tiers.disk is not None
             local = self.manager.lookup(hashes, record=False) if below else len(hashes)
             self._queue_loads(hashes[:local], ids[:local], self.manager.prepare_load)
@@ -81,6 +96,8 @@ class AdmissionVerbs(SchedulerCore):
                 self._queue_loads(hashes[disk:], ids[disk:], self.manager.prepare_fetch, self._fetches)
                 got = {f.block_hash for f in self._fetches}.intersection(hashes[disk:])
                 fetched.update(dict.fromkeys(got, REMOTE))
+        if retry:  # vLLM admits it again after its loads failed: it was counted and recorded the first time
+            return
         self.manager.observe_request(request.request_id, list(request.block_hashes))
         first = state.local_computed // self.block_size
         last = (request.num_tokens - 1) // self.block_size
@@ -142,8 +159,12 @@ class AdmissionVerbs(SchedulerCore):
         """After a failure in after_alloc: vLLM counts these tokens as loaded, so the workers must report
         their blocks as load errors (vLLM recomputes them) — never leave them unwritten."""
         state = self.requests.admit(request)
+        if num_external_tokens > 0 and request.request_id not in self._load_requests:
+            self._load_requests.append(request.request_id)  # vLLM waits for it: it is reported received
+        state.asked = False
         queued = {x.block_id for x in self._loads}
         hashes, ids = self.requests.external_blocks(state, block_ids, num_external_tokens)
+        state.load_block_ids = frozenset(ids)
         self._loads += [LoadItem(h, None, -1, b) for h, b in zip(hashes, ids, strict=True) if b not in queued]
 
 

@@ -11,6 +11,7 @@ Provides:
                                             before loads)
     The disk tier's index (the manager's) is rebuilt at start from the block files of rank 0's directory
     (tiercache.disk.files.scan: names only; each file's header and checksum are checked when it is read).
+        _load_requests                      the requests those loads are for (vLLM waits for each)
         _in_flight {step: StepRecord}       steps sent to the workers and not yet reported
         _job_reports, _job_kinds            per job id: [ranks reported, all ok]; "spill" | "warm"
         _step, _building, _refused          the next step, the step being built, a refused step (RefusedStep)
@@ -89,6 +90,7 @@ class SchedulerCore:
         self._loads: list[LoadItem] = []  # queued for the next plan
         self._fetches: list[RemoteItem] = []  # queued for the next plan, before its loads
         self._disk_reads: list[RemoteItem] = []  # queued for the next plan, before its loads
+        self._load_requests: list[str] = []  # requests whose loads are queued: received after the next step
         self._in_flight: dict[int, StepRecord] = {}
         self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
         self._step = 0

@@ -80,6 +80,7 @@ class ReportVerbs(SchedulerCore):
         failed = {block_id for (_, _, block_id), ok in zip(record.loads, loads_ok, strict=True) if not ok}
         if failed:
             self._taint(step, record, failed)
+            self.requests.loads_failed(failed)
         for (block_hash, req_id), ok in zip(record.stores, stores_ok, strict=True):
             if ok and req_id in record.tainted:
                 reason = f"store aborted: request {req_id} computed it over a block whose load failed"

@@ -5,6 +5,7 @@ Provides:
     RequestTracker(block_size)
         admit(request, num_computed_tokens) -> TrackedRequest   remember (or refresh) a request
         get(request_id) / finish(request_id)
+        loads_failed(block_ids)                         marks the requests those loads were for as retried
         external_blocks(state, block_ids, num_external_tokens) -> (hashes, block ids)   the blocks vLLM
                                                     counts as loaded from the connector
         newly_full(scheduler_output) -> {block hash: (vLLM block id, request id)}   blocks that become full
@@ -26,6 +27,9 @@ class TrackedRequest:
     request: object  # vllm Request (its block_hashes grow as tokens are appended)
     block_ids: list[int] = field(default_factory=list)
     local_computed: int = 0  # tokens vLLM had computed itself when the connector was asked
+    load_block_ids: frozenset[int] = frozenset()  # vLLM blocks its last admission's loads write
+    retry: bool = False  # one of those loads failed: vLLM's next admission of it retries this one
+    asked: bool = False  # the connector was asked for its hits and has not seen the allocation since
 
 
 class RequestTracker:
@@ -45,6 +49,12 @@ class RequestTracker:
 
     def finish(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+
+    def loads_failed(self, block_ids: set[int]) -> None:
+        """Loads into these vLLM blocks failed: the requests they were for are retried by vLLM."""
+        for state in self._requests.values():
+            if not state.load_block_ids.isdisjoint(block_ids):
+                state.retry = True
 
     def external_blocks(
         self, state: TrackedRequest, block_ids: list[int], num_external_tokens: int

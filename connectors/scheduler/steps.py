@@ -40,6 +40,7 @@ class StepVerbs(SchedulerCore):
             self._job_kinds[job.job_id] = move_kind(job.src_tier, job.dst_tier)
         loads, self._loads = tuple(self._loads), []
         fetches, self._fetches = tuple(self._fetches), []
+        load_requests, self._load_requests = tuple(self._load_requests), []
         uploads = tuple(self.manager.take_uploads())
         self.inspection.record_remote(uploads=len(uploads))
         disk_writes, disk_drops = self.manager.take_disk_plan()
@@ -53,8 +54,9 @@ class StepVerbs(SchedulerCore):
             disk_read=frozenset(f.block_hash for f in disk_reads),
         )
         return StepPlan(
-            step, loads, stores, jobs, uploads, fetches, tuple(disk_writes), disk_reads, tuple(disk_drops)
-        )
+            step, loads, stores, jobs, uploads, fetches, tuple(disk_writes), disk_reads, tuple(disk_drops),
+            load_requests,
+        )  # fmt: skip
 
     def observe_step(self, plan: StepPlan) -> None:
         """Blocks loaded together in a step (the graph's co_attend edges); a hint, given after the plan."""
@@ -71,6 +73,7 @@ class StepVerbs(SchedulerCore):
         loads, self._loads = self._loads, []
         fetched, self._fetches = {f.block_hash for f in self._fetches}, []
         disk_read, self._disk_reads = {f.block_hash for f in self._disk_reads}, []
+        load_requests, self._load_requests = tuple(self._load_requests), []
         self._in_flight[step] = StepRecord((), tuple((x.block_hash, False, x.block_id) for x in loads))
         filled = fetched | disk_read
         pinned = [x.block_hash for x in loads if x.tier is not None and x.block_hash not in filled]
@@ -82,7 +85,8 @@ class StepVerbs(SchedulerCore):
             "tiercache: step %d stores nothing (%d prepared stores aborted) and refuses its %d loads "
             "(recomputed)", step, len(reserved), len(loads),
         )  # fmt: skip
-        return StepPlan(step, tuple(LoadItem(x.block_hash, None, -1, x.block_id) for x in loads))
+        refused = tuple(LoadItem(x.block_hash, None, -1, x.block_id) for x in loads)
+        return StepPlan(step, refused, load_requests=load_requests)
 
     def release_refused_step(self) -> None:
         """Abort the refused step's reserved stores and unpin its loads: nothing will read those blocks, and

@@ -19,6 +19,7 @@ Provides:
                                              comes first), so a load does not wait for its decode
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
+        end_step(plan)                       finish_step for a step without a forward pass (none stored)
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
                                              whatever did not complete is reported failed
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
@@ -181,6 +182,12 @@ class ConnectorWorker(StepIO):
         self._end(step)
         if self.tiers.jobs_in_flight:
             self._jobs += self.tiers.poll()
+
+    def end_step(self, plan: StepPlan) -> None:
+        """After the step, whether or not it ran a forward pass (vLLM calls wait_for_save only after one): a
+        step not finished yet (it stores nothing: no request computed) is finished here."""
+        if not self._current(plan).ended:
+            self.finish_step(plan)
 
     def abandon_loads(self, plan: StepPlan, reason: str) -> None:
         """start_step raised: its loads not done are load errors (vLLM recomputes them) and its jobs not

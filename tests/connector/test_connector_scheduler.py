@@ -330,3 +330,48 @@ def test_copies_count_blocks_once_and_bytes_of_every_rank():
     sched.on_reports([WorkerReport(io=samples), WorkerReport(io=samples, rank=1)])
     totals = sched.stats_update()["totals"]
     assert (totals["io_store_blocks"], totals["io_store_bytes"], totals["io_store_us"]) == (3, 6000, 4000)
+
+
+def test_loads_end_with_their_step_and_a_request_whose_load_failed_is_retried_without_hits():
+    """vLLM's asynchronous-load path: the request waits through the step whose plan carries its loads, and
+    the plan names it (every rank reports it received after that step). vLLM's call of after_alloc when it
+    then schedules the request changes nothing. When every load of a request failed (here its step's plan
+    failed: the blocks stay good), vLLM frees the request and admits it again: that retry is offered no hits
+    (it recomputes, as a failure found at admission would; offering them again could fail for ever), and
+    explain_request keeps the first admission, whose failed loads it tells."""
+    sched = make()
+    first = request("a", 5)
+    sched.num_matched_tokens(first, 0)
+    sched.after_alloc(first, list(range(10, 16)), 0)
+    meta = sched.build_plan(
+        step_output(new=[("a", list(range(10, 16)), 0)], scheduled={"a": first.num_tokens})
+    )
+    assert meta.load_requests == ()
+    sched.on_reports([all_ok(meta)])
+
+    waiting = request("b", 5, extra_tokens=40)
+    assert sched.num_matched_tokens(waiting, 0) == 5 * BS
+    sched.after_alloc(waiting, list(range(20, 27)), 5 * BS)
+    meta = sched.build_plan(step_output())  # b waits for its loads: nothing scheduled
+    assert meta.load_requests == ("b",) and [x.block_id for x in meta.loads] == list(range(20, 25))
+    sched.on_reports([all_ok(meta)])
+    sched.after_alloc(waiting, list(range(20, 27)), 0)  # vLLM schedules it, its loads done
+    meta = sched.build_plan(step_output(new=[("b", list(range(20, 27)), 5 * BS)], scheduled={"b": 40}))
+    assert meta.loads == () and meta.load_requests == () and [s.block_id for s in meta.stores] == [25]
+    sched.on_reports([all_ok(meta)])
+    assert sched.inspection.requests.find("b").hit_blocks == 5
+
+    failing = request("c", 5, extra_tokens=20)
+    assert sched.num_matched_tokens(failing, 0) == 5 * BS
+    sched.after_alloc(failing, list(range(30, 36)), 5 * BS)
+    meta = sched.refuse_step("injected")  # the step's plan failed: its loads go out refused
+    sched.release_refused_step()
+    assert meta.load_requests == ("c",) and len(meta.loads) == 5
+    sched.on_reports([WorkerReport((StepResult(meta.step, (False,) * 5, ()),))])
+    assert sched.num_matched_tokens(failing, 0) == 0  # vLLM's retry: recomputed, though the blocks are good
+    sched.after_alloc(failing, list(range(40, 46)), 0)
+    assert sched.build_plan(step_output()).load_requests == ()
+    record = sched.inspection.requests.find("c")
+    assert record.hit_blocks == 5 and record.tokens_loaded == 5 * BS  # the first admission's
+    assert sched.num_matched_tokens(request("d", 5, extra_tokens=20), 0) == 5 * BS  # still good for others
+    sched.manager.check()
