@@ -20,19 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from tiercache.graph.arc import ARCCache
+from tiercache.graph.arc import ARCCache, prefix_hit
 from tiercache.graph.graph_cache import GraphCache
 from tiercache.graph.scoring import ScoreWeights
 from tiercache.scheduler.recency import RecencyOrder
-
-
-def _hit_length(blocks: Sequence[Hashable], cached) -> int:
-    n = 0
-    for b in blocks:
-        if b not in cached:
-            break
-        n += 1
-    return n
 
 
 class LRUCache:
@@ -53,7 +44,7 @@ class LRUCache:
     def process(self, blocks: Sequence[Hashable], sources: Sequence[int]) -> int:
         order = self._order
         blocks = blocks[: self.capacity]
-        hit = _hit_length(blocks, order)
+        hit = prefix_hit(blocks, order)
         for b in reversed(blocks):  # touch first: the request's own blocks leave the LRU end
             if b in order:
                 order.touch(b)

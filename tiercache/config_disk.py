@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiercache.config_remote import queue_blocks
 from tiercache.errors import ConfigError, clipped, shown
 from tiercache.units import SIZE_FORMS, Size, format_bytes, parse_size
 
 DISK_KEYS = ("path", "size", "write", "queue_blocks")
 DISK_WRITES = ("evicted", "reused")
-MAX_QUEUE_BLOCKS = 1 << 20
 _EXAMPLE = "{path: /nvme/tiercache, size: 500GiB}"
 
 
@@ -72,7 +72,7 @@ def disk_config(raw: Any, source: str) -> DiskConfig | None:
         path=path,
         size=_size(raw["size"], path, source),
         write=_write(raw.get("write", "evicted"), source),
-        queue_blocks=_queue_blocks(raw.get("queue_blocks", 256), source),
+        queue_blocks=queue_blocks(raw.get("queue_blocks", 256), source, "tiers.disk", "the disk"),
     )
 
 
@@ -132,15 +132,5 @@ def _write(raw: Any, source: str) -> str:
         raise ConfigError(
             f"tiers.disk.write: got {shown(raw, 80)} ({source}); expected evicted (every block dropped from "
             "DRAM is written: the default) or reused (only blocks that had a hit: spares the SSD)"
-        )
-    return raw
-
-
-def _queue_blocks(raw: Any, source: str) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_QUEUE_BLOCKS:
-        raise ConfigError(
-            f"tiers.disk.queue_blocks: got {shown(raw, 80)} ({source}); expected an integer "
-            f"1..{MAX_QUEUE_BLOCKS:,}: the blocks that may wait for the disk before further writes are "
-            "dropped"
         )
     return raw

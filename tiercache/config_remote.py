@@ -122,7 +122,7 @@ def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) 
         adapter=check_adapter(adapter, source) if adapter is not None else {},
         timeout=_timeout(raw.get("timeout", 0.05), source),
         write=_write(raw.get("write", "through"), source),
-        queue_blocks=_queue_blocks(raw.get("queue_blocks", 256), source),
+        queue_blocks=queue_blocks(raw.get("queue_blocks", 256), source, "tiers.remote", "the remote store"),
         secret=_secret(raw["secret"], source) if raw.get("secret") is not None else None,
     )
 
@@ -174,12 +174,13 @@ def _write(raw: Any, source: str) -> str:
     return raw
 
 
-def _queue_blocks(raw: Any, source: str) -> int:
+def queue_blocks(raw: Any, source: str, section: str, target: str) -> int:
+    """`section`.queue_blocks (tiers.remote, tiers.disk): the write-behind queue's length in blocks."""
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_QUEUE_BLOCKS:
         raise ConfigError(
-            f"tiers.remote.queue_blocks: got {shown(raw, 80)} ({source}); expected an integer "
-            f"1..{MAX_QUEUE_BLOCKS:,}: the blocks that may wait for the remote store before further writes "
-            "are dropped"
+            f"{section}.queue_blocks: got {shown(raw, 80)} ({source}); expected an integer "
+            f"1..{MAX_QUEUE_BLOCKS:,}: the blocks that may wait for {target} before further writes are "
+            "dropped"
         )
     return raw
 
