@@ -19,7 +19,7 @@ Provides:
                                              comes first), so a load does not wait for its decode
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
                                              record the step's result
-        end_step(plan)                       finish_step for a step without a forward pass (none stored)
+        end_step(plan)                       finish_step for a step without stores (maybe no forward pass)
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
                                              whatever did not complete is reported failed
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
@@ -176,6 +176,8 @@ class ConnectorWorker(StepIO):
 
     def finish_step(self, plan: StepPlan) -> None:
         step = self._current(plan)
+        if step.ended:  # end_step finished it
+            return
         self._settle(step)
         if plan.stores:
             self._store(step)
@@ -184,9 +186,10 @@ class ConnectorWorker(StepIO):
             self._jobs += self.tiers.poll()
 
     def end_step(self, plan: StepPlan) -> None:
-        """After the step, whether or not it ran a forward pass (vLLM calls wait_for_save only after one): a
-        step not finished yet (it stores nothing: no request computed) is finished here."""
-        if not self._current(plan).ended:
+        """After the step: one without stores is finished here (it may have had no forward pass, and then
+        vLLM calls no wait_for_save). A step with stores computed tokens, so wait_for_save comes, after
+        get_finished where a speculative drafter writes its layers' KV first: it finishes that one."""
+        if not plan.stores:
             self.finish_step(plan)
 
     def abandon_loads(self, plan: StepPlan, reason: str) -> None:
