@@ -14,11 +14,14 @@ blocks dropped from DRAM:
     other codec none of engine 1's files is read
     full disk   its files never exceed two; the prompt whose blocks left DRAM is recomputed (the
                 reference's tokens) and the engine keeps serving
+Engine 4 runs the engine core and the worker in processes of their own (the plans and reports cross a
+process boundary), in a directory of its own: a prompt evicted from DRAM is served from disk.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +185,20 @@ def test_a_full_disk_degrades_to_recompute(third, baseline):
     assert 1 <= seen_max <= 2
     assert after["disk_writes"] >= 10 and after["disk_drops"] >= after["disk_writes"] - 2
     assert out == baseline[SHARED["disk"][1]]
+
+
+def test_a_multiprocess_engine_serves_a_prompt_evicted_from_dram_from_disk(tiny_model, baseline, tmp_path):
+    first, second = SHARED["disk"]
+    with engine(tiny_model, disk_config("none", tmp_path, "4096 tokens"), multiprocess=True) as llm:
+        generate(llm, [first, *FILLERS])  # 66 blocks through 16 local slots: at least 50 written
+        deadline, seen = time.monotonic() + 60, -1
+        while time.monotonic() < deadline:  # the writes are asynchronous: wait until they stop
+            time.sleep(0.5)
+            now = len(files_of(tmp_path))
+            if now >= 50 and now == seen:
+                break
+            seen = now
+        assert len(files_of(tmp_path)) >= 50
+        out = generate(llm, [second])
+    assert out[0].num_cached_tokens == PREFIX_BLOCKS * BLOCK  # the shared blocks, read from disk
+    assert tokens(out) == [baseline[second]]
