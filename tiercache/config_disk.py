@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiercache.config_remote import queue_blocks
+from tiercache.config_remote import check_section, queue_blocks
 from tiercache.errors import ConfigError, clipped, shown
 from tiercache.units import SIZE_FORMS, Size, format_bytes, parse_size
 
@@ -54,16 +54,7 @@ class DiskConfig:
 def disk_config(raw: Any, source: str) -> DiskConfig | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"tiers.disk: got {shown(raw, 80)} ({source}); expected a mapping such as {_EXAMPLE}"
-        )
-    unknown = [k for k in raw if k not in DISK_KEYS]
-    if unknown:
-        raise ConfigError(
-            f"tiers.disk: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:8])} ({source}); "
-            f"valid keys: {', '.join(DISK_KEYS)}"
-        )
+    check_section(raw, "tiers.disk", DISK_KEYS, _EXAMPLE, source)
     for key in ("path", "size"):
         if raw.get(key) is None:
             raise ConfigError(f"tiers.disk.{key} is required ({source}); for example {_EXAMPLE}")

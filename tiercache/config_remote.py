@@ -94,16 +94,7 @@ class RemoteConfig:
 def remote_config(raw: Any, source: str, lmcache_installed: bool | None = None) -> RemoteConfig | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"tiers.remote: got {shown(raw, 80)} ({source}); expected a mapping such as {_EXAMPLE}"
-        )
-    unknown = [k for k in raw if k not in REMOTE_KEYS]
-    if unknown:
-        raise ConfigError(
-            f"tiers.remote: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:8])} ({source}); "
-            f"valid keys: {', '.join(REMOTE_KEYS)}"
-        )
+    check_section(raw, "tiers.remote", REMOTE_KEYS, _EXAMPLE, source)
     if lmcache_installed is None:
         lmcache_installed = importlib.util.find_spec("lmcache") is not None
     if not lmcache_installed:
@@ -172,6 +163,18 @@ def _write(raw: Any, source: str) -> str:
             "at its first hit) or evicted (a block goes up when dropped from DRAM; all is its old name)"
         )
     return raw
+
+
+def check_section(raw: Any, section: str, keys: tuple[str, ...], example: str, source: str) -> None:
+    """`section` (tiers.remote, tiers.disk) is a mapping of its own keys only."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: got {shown(raw, 80)} ({source}); expected a mapping such as {example}")
+    unknown = [k for k in raw if k not in keys]
+    if unknown:
+        raise ConfigError(
+            f"{section}: unknown key(s) {', '.join(shown(k, 40) for k in unknown[:8])} ({source}); "
+            f"valid keys: {', '.join(keys)}"
+        )
 
 
 def queue_blocks(raw: Any, source: str, section: str, target: str) -> int:
