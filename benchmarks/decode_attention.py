@@ -3,8 +3,9 @@
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
         [--json PATH] [--widths]
---widths times every key width with 4-bit values and every value width with 4-bit keys at 16 × 32K and
-64 × 8K (graph replay) and prints each one's time per byte read against K4V4's (issue 35: within 1.3×).
+--widths times every key width with 4-bit values, every value width with 4-bit keys and a few mixed pairs
+(capacity's K5V3 among them) at 16 × 32K and 64 × 8K (graph replay) and prints each one's time per byte
+read against K4V4's (issue 35: within 1.3×).
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
 in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
@@ -43,6 +44,7 @@ PRESETS = {
     "k5v3": (5, 3, "lloyd", "lloyd"),  # the capacity preset
 }
 WIDTH_SHAPES = [(16, 32768), (64, 8192)]
+WIDTH_MIXED = [(5, 3), (6, 3), (3, 3), (2, 2), (1, 1), (8, 2), (7, 1)]  # capacity K5V3 and other corners
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 BEFORE = {"lut_kernel": False}  # the Triton perfield kernel (the default until the Gluon kernel, 066e2a9)
 
@@ -217,10 +219,11 @@ def breakdown(config: DecodeLaunchConfig) -> None:
 
 
 def width_grid(config: DecodeLaunchConfig) -> None:
-    """Graph µs of K{1..8}V4 and K4V{1..8} at WIDTH_SHAPES, per byte read against K4V4's (last table)."""
+    """Graph µs of K{1..8}V4, K4V{1..8} and the mixed pairs of WIDTH_MIXED at WIDTH_SHAPES, per byte read
+    against K4V4's (last table)."""
     from tiercache.kernels import decode_lut
 
-    pairs = sorted({(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)})
+    pairs = sorted({(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)} | set(WIDTH_MIXED))
     rows = []
     for k_bits, v_bits in pairs:
         for batch, seq in WIDTH_SHAPES:

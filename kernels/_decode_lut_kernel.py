@@ -17,6 +17,10 @@ address from a packed byte and a lookup never has a bank conflict.
 first paired into one byte, so an entry is the (token 2t, token 2t+1) pair operand A needs. 8-bit keys:
 one lookup per byte (Lloyd-Max, second table) or, for a symmetric uniform codebook, arithmetic (k − 128
 as float16, the step folded into the query).
+Other widths (K_BITS 1–3 in key mode 4, 5–7 in key mode 8, V_BITS 1–3; sm_90+): the TMA boxes carry the
+packed rows unswizzled, and the read-back spreads each piece's fields into nibble or byte slots
+(_decode_lut_ptx.spread_piece_asm), so everything after it is the 4- or 8-bit path, with tables that repeat
+every 2^bits entries.
 The packed words of tile i + 1 are copied into shared memory while tile i is computed, in PTX the compiler
 does not see: on sm_90+ (TMA) as boxes of one block piece and kv head each, issued by a few lanes of the warp
 and completing on the warp's own mbarrier, the tokens in the slot order π (_tile_perm) that keeps the reads
@@ -274,13 +278,14 @@ def _tile_perm(m):
 def _tma_stage(
     t0, end, h, bid, box_tok, box_key, box_dst, k_map, v_map,
     BLOCK_SIZE: gl.constexpr, STEP: gl.constexpr, ROWS: gl.constexpr, K_BYTES: gl.constexpr,
-    STAGE: gl.constexpr,
+    V_BYTES: gl.constexpr, STAGE: gl.constexpr,
 ):  # fmt: skip
-    """Issue a tile's TMA boxes [W, 32] (lane j: box j, of ROWS tokens from token t0 + box_tok, keys where
-    box_key; box_dst < 0: no box; bid: the boxes' block ids) and arrive on the warps' mbarriers."""
+    """Issue a tile's TMA boxes [W, 32] (lane j: box j, of ROWS tokens of K_BYTES or V_BYTES each from token
+    t0 + box_tok, keys where box_key; box_dst < 0: no box; bid: the boxes' block ids) and arrive on the
+    warps' mbarriers."""
     t = t0 + box_tok
     offset = _in_block(t, box_tok, BLOCK_SIZE, STEP)
-    size = gl.where((t < end) & (box_dst >= 0), gl.where(box_key, K_BYTES, 64) * ROWS, 0)
+    size = gl.where((t < end) & (box_dst >= 0), gl.where(box_key, K_BYTES, V_BYTES) * ROWS, 0)
     tmap = gl.where(box_key, k_map, v_map)
     gl.inline_asm_elementwise(
         STAGE, "=r,l,r,r,r,r,r", [tmap, h + box_tok * 0, offset, bid, box_dst, size], gl.int32, False, 1
@@ -358,6 +363,7 @@ def _decode_lut_kernel(
     H, Hq, G, S, P, split_tokens, num_items, max_blocks, k_step,  # P: room for partials per head
     BLOCK_SIZE: gl.constexpr, BS_SHIFT: gl.constexpr,
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
+    K_BITS: gl.constexpr, V_BITS: gl.constexpr,  # packed widths (K_MODE 4: 1–4, 8 and 9: 5–8; values 1–4)
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
     TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
@@ -421,7 +427,9 @@ def _decode_lut_kernel(
         # the boxes [W, 32] of ROWS tokens: lane j < R_BOX: key box j, R_BOX ≤ j < 2·R_BOX: value box j − R
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
-        PK: gl.constexpr = 4 * KW
+        PK: gl.constexpr = 4 * KW  # a token's key slot (its value slots start at T·PK)
+        PKR: gl.constexpr = 16 * K_BITS  # a token's packed bytes: its row in the boxes
+        PVR: gl.constexpr = 16 * V_BITS
         WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE)  # the PTX's too (its mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
@@ -429,22 +437,23 @@ def _decode_lut_kernel(
         box_key = bx_j < R_BOX
         box_row = (bx_j % R_BOX) * ROWS  # the box's first token in the warp's T
         box_tok = bx_w * T + box_row
-        box_slot = gl.where(box_key, box_row * PK, T * PK + box_row * 64)
+        box_slot = gl.where(box_key, box_row * PKR, T * PK + box_row * PVR)
         box_dst = gl.where(bx_j < 2 * R_BOX, LUT_BYTES + bx_w * WARP_BYTES + box_slot, -1)
-        # the read-back offsets of the pieces the threads hold (the TMA swizzle undone)
+        # the read-back offsets of the pieces the threads hold: the TMA swizzle undone (64- and 128-byte
+        # rows), or (other widths, rows not swizzled) the byte of a piece's first field
         k_pt = _tile_perm(kc_m)[None, :, None]
-        k_swz = (k_pt >> 1) & 3 if K_MODE == 4 else k_pt & 7
-        k_read = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PK + (kc_c[None, None, :] ^ k_swz) * 16
+        k_row = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PKR
+        if PKR == PK:
+            k_read = k_row + (kc_c[None, None, :] ^ ((k_pt >> 1) & 3 if K_MODE == 4 else k_pt & 7)) * 16
+        else:  # a piece: 16 bytes of nibbles or bytes, 32 or 16 fields
+            k_read = k_row + kc_c[None, None, :] * (PKR // 4 if K_MODE == 4 else PKR // 8)
         v_pt = _tile_perm(vc_t)[None, :, None]
-        v_chunk = (vc_c[None, None, :] >> 1) ^ ((v_pt >> 1) & 3)
-        v_read = (
-            LUT_BYTES
-            + vc_w[:, None, None] * WARP_BYTES
-            + T * PK
-            + v_pt * 64
-            + v_chunk * 16
-            + (vc_c[None, None, :] & 1) * 8
-        )
+        v_row = LUT_BYTES + vc_w[:, None, None] * WARP_BYTES + T * PK + v_pt * PVR
+        if V_BITS == 4:
+            v_chunk = (vc_c[None, None, :] >> 1) ^ ((v_pt >> 1) & 3)
+            v_read = v_row + v_chunk * 16 + (vc_c[None, None, :] & 1) * 8
+        else:  # a piece: 16 fields
+            v_read = v_row + vc_c[None, None, :] * (PVR // 8)
         per_thread(V_STAGE, threads)
         staged = gl.program_id(0) * 0  # TMA stages issued (the mbarrier phase of the next one)
     # a warp's T tokens lie in NBT block pieces (first tokens b_tok)
@@ -486,8 +495,8 @@ def _decode_lut_kernel(
         if TMA:
             box_bid = _tile_blocks(start, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
             _tma_stage(
-                start, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map, BLOCK_SIZE, STEP, ROWS, PK,
-                K_STAGE,
+                start, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map, BLOCK_SIZE, STEP, ROWS,
+                PKR, PVR, K_STAGE,
             )  # fmt: skip
             staged += 1
             box_bid = _tile_blocks(start + STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
@@ -512,7 +521,7 @@ def _decode_lut_kernel(
                 )
                 _tma_stage(
                     t0 + STEP, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map,
-                    BLOCK_SIZE, STEP, ROWS, PK, K_STAGE,
+                    BLOCK_SIZE, STEP, ROWS, PKR, PVR, K_STAGE,
                 )  # fmt: skip
                 staged += 1
                 box_bid = _tile_blocks(t0 + 2 * STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)

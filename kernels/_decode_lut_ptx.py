@@ -202,21 +202,97 @@ def tma_stage_asm(warps: int, tile: int, key_mode: int) -> str:
     ])  # fmt: skip
 
 
+def native_bits(key_mode: int) -> int:
+    """The width whose packed words a key mode's operand takes as they are: 4 (nibbles) or 8 (bytes)."""
+    return 4 if key_mode == 4 else 8
+
+
 @functools.cache
-def tma_unstage_asm(warps: int, tile: int, key_mode: int) -> tuple[str, str]:
+def tma_unstage_asm(
+    warps: int, tile: int, key_mode: int, k_bits: int | None = None, v_bits: int = 4
+) -> tuple[str, str]:  # fmt: skip
     """(keys, values) read-back PTX. Keys: waits for the phase of parity $5n of this warp's mbarrier, then
-    reads 16-byte piece p at shared offset $4n + p into $p, $n + p, $2n + p, $3n + p (n: key pieces per
-    thread). Values: 8-byte piece p at offset $2n + p into $p, $n + p (n: value pieces per thread); no wait
-    (the keys' wait covers the tile). Offsets are from global_smem."""
+    reads piece p (16 bytes of the key mode's words) at shared offset $4n + p into $p, $n + p, $2n + p,
+    $3n + p (n: key pieces per thread). Values: piece p (8 bytes of 4-bit words) at offset $2n + p into
+    $p, $n + p (n: value pieces per thread); no wait (the keys' wait covers the tile). Offsets are from
+    global_smem. Widths other than the mode's own (k_bits, v_bits): each piece's packed bits are read from
+    the byte offset of its first field and spread into the words the mode takes (spread_piece_asm)."""
+    k_bits = native_bits(key_mode) if k_bits is None else k_bits
     n = (1 if key_mode == 4 else 2) * tile // 8
     keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode),
             "WAIT_${:uid}:", f"mbarrier.try_wait.parity.shared::cta.b64 p, [m], ${5 * n};",
             "@!p bra WAIT_${:uid};"]  # fmt: skip
-    for p in range(n):
-        regs = ", ".join(f"${k * n + p}" for k in range(4))
-        keys += [f"add.u32 b, ${4 * n + p}, s;", f"ld.shared.v4.b32 {{{regs}}}, [b];"]
+    if k_bits == native_bits(key_mode):
+        for p in range(n):
+            regs = ", ".join(f"${k * n + p}" for k in range(4))
+            keys += [f"add.u32 b, ${4 * n + p}, s;", f"ld.shared.v4.b32 {{{regs}}}, [b];"]
+    else:
+        fields = 8 if key_mode == 4 else 4
+        outputs = [[f"${k * n + p}" for k in range(4)] for p in range(n)]
+        keys.append(spread_piece_asm(k_bits, fields, n, outputs, [f"${4 * n + p}" for p in range(n)]))
     n = tile // 4
     values = ["{", ".reg .b32 s, b;", "mov.u32 s, global_smem;"]
-    for p in range(n):
-        values += [f"add.u32 b, ${2 * n + p}, s;", f"ld.shared.v2.b32 {{${p}, ${n + p}}}, [b];"]
+    if v_bits == 4:
+        for p in range(n):
+            values += [f"add.u32 b, ${2 * n + p}, s;", f"ld.shared.v2.b32 {{${p}, ${n + p}}}, [b];"]
+    else:
+        values.append(spread_piece_asm(v_bits, 8, n, [[f"${p}", f"${n + p}"] for p in range(n)],
+                                       [f"${2 * n + p}" for p in range(n)]))  # fmt: skip
     return " ".join([*keys, "}"]), " ".join([*values, "}"])
+
+
+# Widths other than 4 and 8 (packed bits of the natural bitstream: field j of a vector at bits j·b …) reach
+# the operands as the words of the 4- or 8-bit path: each piece's fields are spread into 4-bit (nibble) or
+# 8-bit (byte) slots, a field in the low bits of its slot and whatever bits followed it above. The tables
+# repeat every 2^b entries (_tables.f16_pair_lut, f16_byte_lut), so those bits select nothing.
+def spread_piece_asm(
+    bits: int, fields: int, pieces: int, outputs: list[list[str]], offsets: list[str]
+) -> str:  # fmt: skip
+    """Read and spread `pieces` pieces (s: global_smem set): piece p's first field at shared byte offset
+    offsets[p] (whole bytes; a piece of 16 fields of an odd width may start half way into a word), its
+    len(outputs[p]) words of `fields` fields each, `32 // fields`-bit slots, into outputs[p]."""
+    slot = 32 // fields
+    piece_bits = len(outputs[0]) * fields * bits
+    unaligned = bits % 2 == 1 and piece_bits % 32 != 0  # pieces after the first start at bit 16
+    words = -(-(piece_bits + (16 if unaligned else 0)) // 32)
+    regs = ", ".join(f"w{i}" for i in range(words))
+    lines = ["{", f".reg .b32 a, g, x, {regs};"]
+    for p in range(pieces):
+        if unaligned:
+            lines += [f"and.b32 a, {offsets[p]}, 3;", "shl.b32 a, a, 3;",
+                      f"and.b32 b, {offsets[p]}, 0xfffffffc;", "add.u32 b, b, s;"]  # fmt: skip
+        else:
+            lines.append(f"add.u32 b, {offsets[p]}, s;")
+        lines += [f"ld.shared.b32 w{i}, [b+{4 * i}];" for i in range(words)]
+        if unaligned:  # the piece's bits from bit 0 of w0 (the last word's high half: beyond the piece)
+            lines += [f"shf.r.clamp.b32 w{i}, w{i}, w{i + 1}, a;" for i in range(words - 1)]
+            lines.append(f"shr.u32 w{words - 1}, w{words - 1}, a;")
+        for k, out in enumerate(outputs[p]):
+            start = k * fields * bits
+            lines += _field_group(start, fields * bits)
+            lines += spread_lines("g", out, bits, slot, fields)
+    return " ".join([*lines, "}"])
+
+
+def _field_group(start: int, width: int) -> list[str]:
+    """g ← bits start … start + width − 1 of the little-endian words w0, w1, … (at bit 0; garbage above)."""
+    q, s = divmod(start, 32)
+    if s == 0:
+        return [f"mov.b32 g, w{q};"]
+    if s + width <= 32:
+        return [f"shr.u32 g, w{q}, {s};"]
+    return [f"shf.r.clamp.b32 g, w{q}, w{q + 1}, {s};"]
+
+
+def spread_lines(src: str, dst: str, bits: int, slot: int, fields: int) -> list[str]:
+    """dst ← the `fields` `bits`-wide fields at bit 0 of src (fields · slot = 32), field i in the low bits
+    of bits slot·i … slot·i + slot − 1 (x: scratch). Halving steps: the upper half of the fields of every
+    region moves up to the region's middle, one shift and one bitwise select each."""
+    lines, current, half = [], src, fields // 2
+    while half:
+        region = 2 * half * slot
+        keep = sum(((1 << (half * slot)) - 1) << r for r in range(0, 32, region))
+        lines += [f"shl.b32 x, {current}, {half * (slot - bits)};",
+                  f"lop3.b32 {dst}, {current}, x, {keep:#010x}, 0xE4;"]  # fmt: skip
+        current, half = dst, half // 2
+    return lines if current == dst else [*lines, f"mov.b32 {dst}, {current};"]

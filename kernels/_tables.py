@@ -224,15 +224,24 @@ def _f16_bits(codebook: torch.Tensor) -> torch.Tensor:
 
 
 def f16_pair_lut(codebook: torch.Tensor) -> torch.Tensor:
-    """4-bit codebook → int32 [256]: entry e packs float16 c[e & 15] (low half) and c[e >> 4] (high half)."""
-    bits = _f16_bits(codebook)
+    """Codebook of 2^b ≤ 16 centroids → int32 [256]: entry e packs float16 c[e & m] (low half) and
+    c[(e >> 4) & m] (high half), m = 2^b − 1: a byte of two nibbles, each index in its nibble's low bits."""
+    bits, m = _f16_bits(codebook), _index_mask(codebook, 16)
     e = torch.arange(256)
-    return _as_int32(bits[e & 15] | (bits[e >> 4] << 16))
+    return _as_int32(bits[e & m] | (bits[(e >> 4) & m] << 16))
 
 
 def f16_byte_lut(codebook: torch.Tensor) -> torch.Tensor:
-    """8-bit codebook → int32 [256]: entry e holds float16 c[e] in its low half."""
-    return _as_int32(_f16_bits(codebook))
+    """Codebook of 2^b ≤ 256 centroids → int32 [256]: entry e holds float16 c[e & (2^b − 1)] in its low half
+    (a byte whose low bits are the index)."""
+    return _as_int32(_f16_bits(codebook)[torch.arange(256) & _index_mask(codebook, 256)])
+
+
+def _index_mask(codebook: torch.Tensor, most: int) -> int:
+    n = codebook.numel()
+    if n > most or n & (n - 1):
+        raise ValueError(f"a {most}-entry table takes a power-of-two codebook of at most {most}, not {n}")
+    return n - 1
 
 
 def _as_int32(words: torch.Tensor) -> torch.Tensor:
@@ -246,8 +255,9 @@ def decode_lut_table(
     k_codec: TurboQuantCodec, v_codec: TurboQuantCodec, key_mode: int, device: torch.device
 ) -> tuple[torch.Tensor, int, int]:
     """The Gluon decode kernel's two tables as int32 [256, 2], and the byte offsets (0 or 128) of the key and
-    value tables in its shared-memory layout. Values: f16_pair_lut (4-bit). Keys: key_mode 4 → f16_pair_lut
-    (shared with the values when equal), 8 → f16_byte_lut, 9 (uniform 8-bit, arithmetic) → none."""
+    value tables in its shared-memory layout. Values: f16_pair_lut (1–4 bits). Keys: key_mode 4 (1–4 bits)
+    → f16_pair_lut (shared with the values when equal), 8 (5–8 bits) → f16_byte_lut, 9 (uniform 8-bit,
+    arithmetic) → none."""
     key = (k_codec.codec_id, v_codec.codec_id, key_mode, device)
     if key not in _LUT_CACHE:
         v = f16_pair_lut(v_codec.codebook)

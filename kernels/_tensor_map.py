@@ -11,7 +11,7 @@ import torch
 
 _MAP_BYTES = 128  # sizeof(CUtensorMap)
 _UINT8 = 0  # CU_TENSOR_MAP_DATA_TYPE_UINT8
-_SWIZZLE = {64: 2, 128: 3}  # row bytes → CU_TENSOR_MAP_SWIZZLE_64B, _128B
+_SWIZZLE = {64: 2, 128: 3}  # row bytes → CU_TENSOR_MAP_SWIZZLE_64B, _128B; other rows: _NONE (0)
 _L2_PROMOTION_128B = 2
 # (address, shape, strides, rows, device) → (pinned map, device map), kept for the process: a captured CUDA
 # graph holds the device map's address (256 bytes per cache view; caches are allocated once)
@@ -19,8 +19,9 @@ _CACHE: dict = {}
 
 
 def box_map(packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """The tensor map of `packed` [NB, BS, H, P] uint8 (P = 64 or 128, 16-byte aligned address and strides)
-    whose boxes are `rows` tokens of one block and kv head, [rows, P] bytes, swizzled by P bytes; as 128
+    """The tensor map of `packed` [NB, BS, H, P] uint8 (P a multiple of 16 up to 256, 16-byte aligned address
+    and strides) whose boxes are `rows` tokens of one block and kv head, [rows, P] bytes, swizzled by P
+    bytes where P is 64 or 128 (else not swizzled); as 128
     bytes of device memory (copied before this returns; under CUDA-graph capture, by a captured copy on the
     current stream)."""
     key = (packed.data_ptr(), tuple(packed.shape), packed.stride(), rows, packed.device)
@@ -43,7 +44,7 @@ def _encode_tiled(out: torch.Tensor, packed: torch.Tensor, rows: int) -> None:
     unit = (u32 * 4)(1, 1, 1, 1)
     result = _driver().cuTensorMapEncodeTiled(
         ctypes.c_void_p(out.data_ptr()), _UINT8, u32(4), ctypes.c_void_p(packed.data_ptr()), dims, strides,
-        box, unit, 0, _SWIZZLE[row_bytes], _L2_PROMOTION_128B, 0,
+        box, unit, 0, _SWIZZLE.get(row_bytes, 0), _L2_PROMOTION_128B, 0,
     )  # fmt: skip
     if result != 0:
         raise RuntimeError(

@@ -11,11 +11,12 @@ launch configuration of the calls it serves.
 Three launches (two with rotate_in_split), no host synchronisation: the query rotation, the split kernel
 (rotated-domain scoring, each K/V byte read once per kv head for all its query heads, online softmax over
 TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back).
-Split kernels: on CUDA with 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys and enough work
-(config.lut_min_work), the Gluon kernel _decode_lut_kernel, launched by decode_lut.py (mma.sync, lookups in
-shared memory; GPU only: its PTX text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs
-it). Where its compile check fails, the Triton kernels serve that launch configuration on that kind of
-device from then on (decode_lut's compile-failure memo). Shared launch pieces (split planning, rotation,
+Split kernels: on CUDA with 16-bit queries, head_dim 128, values of 1–4 bits, keys of 1–8 bits and enough
+work (config.lut_min_work), the Gluon kernel _decode_lut_kernel, launched by decode_lut.py (mma.sync,
+lookups in shared memory; widths other than K4V4 and K8V4 on sm_90+ only; GPU only: its PTX text is emulated
+in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs it). Where its compile check fails, the Triton
+kernels serve that launch configuration and widths on that kind of device from then on (decode_lut's
+compile-failure memo). Shared launch pieces (split planning, rotation,
 merge) are in _decode_launch.py. Otherwise the Triton _decode_perfield_kernel (every width 1–8 for K and V),
 whose 4-bit lookup on the GPU is inline PTX (register permutes) that the interpreter replaces by a table
 gather (test_decode_tables.py).
@@ -150,12 +151,13 @@ def tq_decode_attention(
     lut_mode = 0
     if batch * num_kv_heads * max_tokens >= config.lut_min_work:
         lut_mode = lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config)
-    if lut_mode and not lut_compile_failed(query.device, config):
+    widths = (k_codec.bits, v_codec.bits)
+    if lut_mode and not lut_compile_failed(query.device, config, widths):
         try:
             return launch_lut(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                                k_codec, v_codec, scale, workspace, out, lut_mode, config)  # fmt: skip
         except LutUnsupported as err:  # this Triton compiles it differently: a compile failure, remembered
-            note_lut_compile_failure(query.device, config, err)
+            note_lut_compile_failure(query.device, config, widths, err)
     splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device, config=config)
     check_capacity(workspace, splits)
     tiles = -(-max_tokens // config.tile)

@@ -4,10 +4,11 @@ DecodeLaunchConfig, passed to every function here.
 
 Provides:
     lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config) -> key mode or 0
-    LUT_WIDTHS, lut_serves(k_bits, v_bits, head_dim) -> bool   the widths the Gluon kernel is built for
+    lut_serves(k_bits, v_bits, head_dim) -> bool   the widths the Gluon kernel is built for
     lut_partials(batch, num_kv_heads, max_tokens, device, config) -> partials per query head it needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
-    lut_compile_failed(device, config), note_lut_compile_failure(device, config, err)   the memo below
+    lut_compile_failed(device, config, widths), note_lut_compile_failure(device, config, widths, err)   the
+        memo below
     lut_programs_per_sm, lut_splits, lut_combines, lut_item_steps, lut_pdl    its launch arithmetic
 
 Compile-failure memo: before the first launch of a configuration, launch_lut compiles the kernel and checks
@@ -42,21 +43,28 @@ if HAVE_TRITON:
         pass
 
 
-LUT_WIDTHS = ((4, 4), (8, 4))  # (key bits, value bits) at head_dim 128
+NATIVE_WIDTHS = ((4, 4), (8, 4))  # (key bits, value bits) whose words the operands take as they are
 
 
 def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
-    """Whether the Gluon kernel is built for these widths and head_dim (other widths decode on the Triton
-    kernel, several times slower per byte on an H200: benchmarks/decode_attention.py --widths)."""
-    return (k_bits, v_bits) in LUT_WIDTHS and head_dim == 128
+    """Whether the Gluon kernel is built for these widths and head_dim: keys of 1–8 bits and values of 1–4 at
+    head_dim 128 (other widths and head_dims decode on the Triton kernel, several times slower per byte on
+    an H200: benchmarks/decode_attention.py --widths). Widths other than NATIVE_WIDTHS need TMA (sm_90+)."""
+    return 1 <= k_bits <= 8 and 1 <= v_bits <= 4 and head_dim == 128
+
+
+def _key_mode(k_bits: int, uniform8: bool) -> int:
+    """4: nibble operands (1–4 bits), 8: byte operands (5–8 bits), 9: uniform 8-bit keys by arithmetic."""
+    return 4 if k_bits <= 4 else 9 if uniform8 else 8
 
 
 def lut_mode_of(
     query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int, config: DecodeLaunchConfig
 ) -> int:
-    """The Gluon kernel's key mode (4: 4-bit, 8: 8-bit Lloyd-Max, 9: 8-bit uniform) where it applies, else 0:
-    config.lut_kernel, CUDA (sm_80+), 16-bit queries, head_dim 128, 4-bit values, 4/8-bit keys, G ≤ 8, a
-    power-of-two block size, and packed caches it can copy in 16-byte (keys) and 8-byte (values) pieces."""
+    """The Gluon kernel's key mode (_key_mode) where it applies, else 0: config.lut_kernel, CUDA (sm_80+),
+    16-bit queries, lut_serves' widths, G ≤ 8, a power-of-two block size, and packed caches it can copy in
+    16-byte (keys) and 8-byte (values) pieces; widths off NATIVE_WIDTHS only with TMA staging (sm_90+,
+    16-byte aligned caches, config.lut_tma) and blocks of at least 8 tokens."""
     if not (config.lut_kernel and HAVE_GLUON and query.is_cuda and not interpreting()):
         return 0
     if query.dtype not in (torch.float16, torch.bfloat16) or group > 8 or block_size & (block_size - 1):
@@ -67,9 +75,10 @@ def lut_mode_of(
         return 0
     if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 8)):
         return 0
-    if k_codec.bits == 4:
-        return 4
-    return 9 if kernel_tables(k_codec, query.device).uniform_step is not None else 8
+    spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS  # boxes of ≥ 8 rows: 128-byte aligned slots
+    if spread and (block_size < 8 or not _use_tma(k_packed, v_packed, config)):
+        return 0
+    return _key_mode(k_codec.bits, kernel_tables(k_codec, query.device).uniform_step is not None)
 
 
 @functools.cache
@@ -198,9 +207,13 @@ def launch_lut(
     use_tma = _use_tma(k_packed, v_packed, config)
     maps = _tensor_maps(k_packed, v_packed, min(block_size, tile)) if use_tma else None
     tma = maps is not None
+    widths = (k_codec.bits, v_codec.bits)
     if tma:  # stage: the boxes, the mbarrier init, the key and value read-backs
-        init, unstage = _lut.tma_init_asm(warps, tile, key_mode), _lut.tma_unstage_asm(warps, tile, key_mode)
+        init = _lut.tma_init_asm(warps, tile, key_mode)
+        unstage = _lut.tma_unstage_asm(warps, tile, key_mode, *widths)
         stage = (_lut.tma_stage_asm(warps, tile, key_mode), init, *unstage)
+    elif widths not in NATIVE_WIDTHS:
+        raise LutUnsupported(f"K{widths[0]}V{widths[1]} needs TMA staging, and the driver made no tensor map")
     else:
         maps, stage = (0, 0), _lut.staging_asm(tile, key_mode)
     args = (
@@ -212,9 +225,9 @@ def launch_lut(
     )  # fmt: skip
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
-        V_ASM=_lut.v4_asm(v_off), W=warps, T=tile, K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2],
-        V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, PDL=pdl, num_warps=warps,
-        maxnreg=config.lut_maxnreg, **({"launch_pdl": True} if pdl else {}),
+        V_ASM=_lut.v4_asm(v_off), K_BITS=widths[0], V_BITS=widths[1], W=warps, T=tile, K_STAGE=stage[0],
+        V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, PDL=pdl,
+        num_warps=warps, maxnreg=config.lut_maxnreg, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
@@ -249,31 +262,35 @@ class LutUnsupported(RuntimeError):
 
 
 # The compile-failure memo (see the module docstring): compile key → the failure, kept for the process. A key
-# is the device's capability (its type off CUDA) and the config fields that the Gluon kernel's compile-time
-# parameters come from: W, T, maxnreg and TMA directly, COMBINE and PDL through the step limits and pdl.
+# is the device's capability (its type off CUDA), the (key, value) widths, and the config fields that the
+# Gluon kernel's compile-time parameters come from: W, T, maxnreg and TMA directly, COMBINE and PDL through
+# the step limits and pdl.
 _FAILED_COMPILES: dict[tuple, str] = {}
 _COMPILE_FIELDS = ("lut_warps", "lut_tile", "lut_maxnreg", "lut_tma", "lut_combine_max_steps",
                    "lut_pdl_max_steps", "pdl")  # fmt: skip
 
 
-def _compile_key(device: torch.device, config: DecodeLaunchConfig) -> tuple:
+def _compile_key(device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int]) -> tuple:
     kind = _capability(cuda_index(device)) if device.type == "cuda" else device.type
-    return kind, *(getattr(config, name) for name in _COMPILE_FIELDS)
+    return kind, widths, *(getattr(config, name) for name in _COMPILE_FIELDS)
 
 
-def lut_compile_failed(device: torch.device, config: DecodeLaunchConfig) -> bool:
-    """Whether the Gluon kernel of this launch configuration already failed its compile check on a device
-    like `device` in this process (the caller then takes the Triton kernels without trying again)."""
-    return _compile_key(device, config) in _FAILED_COMPILES
+def lut_compile_failed(device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int]) -> bool:
+    """Whether the Gluon kernel of this launch configuration and (key, value) widths already failed its
+    compile check on a device like `device` in this process (the caller then takes the Triton kernels
+    without trying again)."""
+    return _compile_key(device, config, widths) in _FAILED_COMPILES
 
 
-def note_lut_compile_failure(device: torch.device, config: DecodeLaunchConfig, err: LutUnsupported) -> None:
-    """Remember that this launch configuration's Gluon kernel does not compile as it must on devices like
-    `device`; one warning line the first time for each key."""
-    key = _compile_key(device, config)
+def note_lut_compile_failure(
+    device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int], err: LutUnsupported
+) -> None:
+    """Remember that this launch configuration's Gluon kernel does not compile as it must for these widths on
+    devices like `device`; one warning line the first time for each key."""
+    key = _compile_key(device, config, widths)
     if key in _FAILED_COMPILES:
         return
     _FAILED_COMPILES[key] = str(err)
-    fields = ", ".join(f"{name}={value!r}" for name, value in zip(_COMPILE_FIELDS, key[1:], strict=True))
-    _LOG.warning("decode: %s; the Triton kernels serve launch configuration (%s) on %s from now on, in this "
-                 "process", err, fields, key[0])  # fmt: skip
+    fields = ", ".join(f"{name}={value!r}" for name, value in zip(_COMPILE_FIELDS, key[2:], strict=True))
+    _LOG.warning("decode: %s; the Triton kernels serve K%dV%d under launch configuration (%s) on %s from now "
+                 "on, in this process", err, *widths, fields, key[0])  # fmt: skip

@@ -71,7 +71,7 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             check_fit(self.spec, kv_cache_dtype, head_size, decision.model_dtype)
         self.codec = None if self.exact else _codec(self.spec, head_size, decision.model_dtype)
         if self.codec is not None and torch.cuda.is_available():
-            _note_decode_speed(self.spec, head_size)
+            _note_decode_speed(self.spec, head_size, torch.cuda.get_device_capability())
         self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
 
     def attention(self, block_size: int) -> PagedAttention:
@@ -152,18 +152,18 @@ def _flash_varlen(head_size: int):
 
 
 @functools.cache
-def _note_decode_speed(spec, head_size: int) -> None:
-    """One warning per codec where decode runs on the Triton split kernel (measured 2–20× slower per byte read
-    than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35)."""
-    from tiercache.kernels.decode_lut import LUT_WIDTHS, lut_serves
+def _note_decode_speed(spec, head_size: int, capability: tuple[int, int]) -> None:
+    """One warning per codec and device kind where decode runs on the Triton split kernel (measured 2–17×
+    slower per byte read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35)."""
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_serves
 
-    if not lut_serves(spec.key_bits, spec.value_bits, head_size):
-        fast = ", ".join(f"K{k}V{v}" for k, v in LUT_WIDTHS)
+    widths = (spec.key_bits, spec.value_bits)
+    if not lut_serves(*widths, head_size) or (widths not in NATIVE_WIDTHS and capability < (9, 0)):
         _LOG.warning(
-            "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel, "
-            "measured 2-20x slower per byte read than K4V4 on an H200; the fast decode kernel serves %s at "
-            "head_dim 128 (codec tq4 or k8v4) where decode speed matters more than quality per byte",
-            spec.name, spec.key_bits, spec.value_bits, head_size, fast,
+            "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel on "
+            "this GPU (sm_%d%d), measured 2-17x slower per byte read than K4V4 on an H200; the fast decode "
+            "kernel serves K4V4 and K8V4 at head_dim 128, and on sm_90+ keys of 1-8 bits with values of 1-4",
+            spec.name, *widths, head_size, *capability,
         )  # fmt: skip
 
 

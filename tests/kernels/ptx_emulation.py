@@ -97,6 +97,7 @@ def run_ptx(
                 "or.b32": lambda a, b: a | b,
                 "shl.b32": lambda a, b: a << b,
                 "shr.u32": lambda a, b: a >> b,
+                "shf.r.clamp.b32": lambda a, b, c: (((b << 32) | a) >> min(c, 32)) & 0xFFFFFFFF,
                 "add.u32": lambda a, b: a + b,
                 "mul.lo.u32": lambda a, b: a * b,
                 "min.u32": min,

@@ -12,6 +12,7 @@ from ptx_emulation import run_ptx
 
 from tiercache.kernels import DecodeLaunchConfig, decode_lut
 from tiercache.kernels._tables import UNIFORM8_ASM, decode_lut_table, f16_byte_lut, f16_pair_lut
+from tiercache.kernels.packing import pack_indices
 
 if not decode_lut.HAVE_GLUON:
     pytest.skip("this Triton has no Gluon", allow_module_level=True)
@@ -288,3 +289,104 @@ def test_tma_stage_text_arrives_once_and_copies_one_box():
     assert stage.count("mbarrier.arrive.expect_tx") == 1 and stage.count("cp.async.bulk.tensor") == 1
     assert stage.index("fence.proxy.async") < stage.index("cp.async.bulk.tensor")
     assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4)
+
+
+# (bits, words per piece, fields per word): keys of 1–3 bits as nibble words (key mode 4), 5–7 bits as byte
+# words (mode 8), values of 1–3 bits as nibble words
+SPREAD_CASES = [
+    (1, 4, 8),
+    (2, 4, 8),
+    (3, 4, 8),
+    (5, 4, 4),
+    (6, 4, 4),
+    (7, 4, 4),
+    (1, 2, 8),
+    (2, 2, 8),
+    (3, 2, 8),
+]
+
+
+@pytest.mark.parametrize("bits,piece_words,fields", SPREAD_CASES)
+def test_spread_pieces_read_the_packed_rows_as_the_native_words(bits, piece_words, fields):
+    """spread_piece_asm on rows laid out as the TMA writes them (unswizzled, P = 16·bits bytes a token) at
+    the kernel's read offsets (a piece's first byte): output word k of piece c holds, in the low `bits` bits
+    of slot i, the index of coordinate c·F + k·fields + i (F fields a piece), and the lookups of the native
+    path then give that index's centroid."""
+    rng = np.random.default_rng(bits * 10 + piece_words)
+    rows, row_bytes = 3, 16 * bits
+    idx = torch.from_numpy(rng.integers(0, 1 << bits, (rows, 128)))
+    packed = pack_indices(idx, bits).numpy()
+    start = lut.LUT_BYTES.value
+    shared = np.zeros(start // 4 + rows * row_bytes // 4 + 64, dtype=np.int64)
+    data = packed.reshape(-1).tobytes() + bytes(rng.integers(0, 256, 256, dtype=np.uint8))
+    shared[start // 4 :] = np.frombuffer(data[: (len(shared) - start // 4) * 4], dtype="<u4")
+    per_piece = piece_words * fields
+    outs = [f"$o{k}" for k in range(piece_words)]
+    asm = lut_ptx.spread_piece_asm(bits, fields, 1, [outs], ["$off"])
+    slot = 32 // fields
+    for m in range(rows):
+        for c in range(128 // per_piece):
+            offset = start + m * row_bytes + c * per_piece * bits // 8
+            regs = run_ptx(asm, {"$off": offset, "s": 0}, c % 32, shared)
+            for k, out in enumerate(outs):
+                for i in range(fields):
+                    want = int(idx[m, c * per_piece + k * fields + i])
+                    assert (regs[out] >> (slot * i)) & ((1 << bits) - 1) == want, (m, c, k, i)
+
+
+@pytest.mark.parametrize("k_bits", [1, 2, 3, 5, 6, 7])
+def test_spread_key_words_look_up_their_centroids(k_bits):
+    """Garbage above a field in its slot selects nothing: the key lookups of the native path over spread
+    words give codebook[index] (tables repeating every 2^bits entries)."""
+    mode = 4 if k_bits <= 4 else 8
+    kc, vc = codec(128, k_bits, 1), codec(128, 3, 2)
+    shared, k_off, _ = shared_table(kc, vc, mode)
+    cb = f16_bits(kc.codebook)
+    rng = random.Random(k_bits)
+    for i in range(200):
+        fields = [rng.randrange(1 << k_bits) for _ in range(8 if mode == 4 else 4)]
+        slot = 4 if mode == 4 else 8
+        word = sum(
+            (f | (rng.randrange(1 << (slot - k_bits)) << k_bits)) << (slot * j) for j, f in enumerate(fields)
+        )
+        if mode == 4:
+            regs = run_ptx(lut.k4_asm(k_off), {"$4": word, "$5": word, "$6": 0, "$7": 0}, i % 32, shared)
+            got = [h for b in range(4) for h in halves(regs[f"${b}"])]
+        else:
+            regs = run_ptx(lut.k8_asm(k_off), {"$2": word, "$3": word, "$4": 0, "$5": 0}, i % 32, shared)
+            got = [*halves(regs["$0"]), *halves(regs["$1"])]
+        assert got == [cb[f] for f in fields]
+
+
+def test_spread_value_words_look_up_their_centroids():
+    kc, vc = codec(128, 6, 1), codec(128, 3, 2)
+    shared, _, v_off = shared_table(kc, vc, 8)
+    cb = f16_bits(vc.codebook)
+    rng = random.Random(5)
+    for i in range(200):
+        fa, fb = ([rng.randrange(8) for _ in range(8)] for _ in range(2))
+        wa, wb = (sum((f | (rng.randrange(2) << 3)) << (4 * j) for j, f in enumerate(fs)) for fs in (fa, fb))
+        regs = run_ptx(lut.v4_asm(v_off), {"$8": wa, "$9": wa, "$10": wb, "$11": wb, "$12": 0, "$13": 0},
+                       i % 32, shared)  # fmt: skip
+        assert [halves(regs[f"${n}"]) for n in range(8)] == [(cb[fa[n]], cb[fb[n]]) for n in range(8)]
+
+
+def test_masked_tables_repeat_every_codebook():
+    for bits in (1, 2, 3):
+        cb = codec(128, bits, 1).codebook
+        pair = f16_pair_lut(cb).view(torch.int16).view(torch.float16).view(256, 2)
+        e = torch.arange(256)
+        assert torch.equal(pair[:, 0], cb[e & ((1 << bits) - 1)].half())
+        assert torch.equal(pair[:, 1], cb[(e >> 4) & ((1 << bits) - 1)].half())
+    for bits in (5, 6, 7):
+        cb = codec(128, bits, 1).codebook
+        byte = f16_byte_lut(cb).view(torch.int16).view(torch.float16).view(256, 2)
+        assert torch.equal(byte[:, 0], cb[torch.arange(256) % (1 << bits)].half())
+    with pytest.raises(ValueError, match="power-of-two codebook of at most 16"):
+        f16_pair_lut(codec(128, 5, 1).codebook)
+
+
+def test_gluon_serves_every_key_width_with_values_up_to_four_bits():
+    assert all(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(1, 5))
+    assert not any(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(5, 9))
+    assert not decode_lut.lut_serves(4, 4, 64)

@@ -191,13 +191,13 @@ def test_layered_encode_and_dequantize_gpu_equal_the_one_layer_kernels(k_bits, v
             assert torch.equal(side[layer], want[layer]), f"verify, layer {layer}"
 
 
-def lut_case(key, block_size, group, dtype, lens, seed, offset=16):
-    """A decode problem the Gluon kernel takes: head_dim 128, 4-bit values, strided caches viewed out of
-    wider buffers at byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them)."""
+def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4):
+    """A decode problem the Gluon kernel takes: head_dim 128, strided caches viewed out of wider buffers at
+    byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them)."""
     gen = torch.Generator().manual_seed(seed)
     bits, codebook = key
     kc = TurboQuantCodec(128, bits, seed=1, codebook=codebook)
-    vc = TurboQuantCodec(128, 4, seed=2)
+    vc = TurboQuantCodec(128, v_bits, seed=2)
     num_blocks = sum(-(-n // block_size) for n in lens) + 16
 
     def cache(c):
@@ -233,6 +233,35 @@ def test_decode_gpu_gluon_kernel(config, key, block_size, group):
         assert rel_err(out, ref) <= 1e-2, dtype
 
 
+EVERY_WIDTH = [(k, v) for k in range(1, 9) for v in range(1, 5)]
+
+
+@pytest.mark.parametrize("k_bits,v_bits", EVERY_WIDTH)
+def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits):
+    """Every width the Gluon kernel serves (keys 1–8 bits, values 1–4) against the float64 reference, forced
+    onto it at a small shape (block sizes 16 and 32, G 4 and 1, float16 and bfloat16); widths other than
+    K4V4 and K8V4 spread their packed bits into its 4- and 8-bit words and need TMA staging (sm_90+)."""
+    if not decode_lut.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    native = (k_bits, v_bits) in decode_lut.NATIVE_WIDTHS
+    if not native and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("widths other than K4V4 and K8V4 take the Gluon kernel on sm_90+ only")
+    launch = DecodeLaunchConfig(lut_min_work=0)
+    for (block_size, group), dtype in zip([(16, 4), (32, 1)], [torch.bfloat16, torch.float16], strict=True):
+        lens, seed = [1, 17, 333, 1030], k_bits * 8 + v_bits
+        args = lut_case((k_bits, "lloyd"), block_size, group, dtype, lens, seed=seed, v_bits=v_bits)
+        mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size, launch)
+        assert mode == (4 if k_bits <= 4 else 8)
+        out = torch.full_like(args[0], float("nan"))
+        tq_decode_attention(*args, out=out, config=launch)
+        assert not decode_lut.lut_compile_failed(args[0].device, launch, (k_bits, v_bits))
+        ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= 1e-2, (block_size, group, dtype)
+    if not native:  # without TMA (sm_80, lut_tma off) these widths take the Triton kernel
+        no_tma = replace(launch, lut_tma=False)
+        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 1, 32, no_tma) == 0
+
+
 def test_decode_gpu_unaligned_cache_declines_gluon():
     """Caches the Gluon kernel cannot copy in 16-byte pieces take the Triton kernel, with the same result."""
     launch = DecodeLaunchConfig(lut_min_work=0)
@@ -253,6 +282,8 @@ GRAPH_CASES += [
         (8, 4),
     ),
     ({"lut_kernel": True, "lut_min_work": 0, "lut_pdl_max_steps": 0}, (8, 4)),
+    ({"lut_kernel": True, "lut_min_work": 0}, (6, 4)),  # spread widths: the presets balanced and capacity
+    ({"lut_kernel": True, "lut_min_work": 0}, (5, 3)),
 ]
 
 
@@ -261,7 +292,7 @@ def test_decode_cuda_graph_capture_and_replay(config, widths):
     launch = replace(DecodeLaunchConfig(), **config)
     longest = [900, 64, 3000]
     if config.get("lut_kernel"):
-        args = lut_case((8, "lloyd"), 16, 4, torch.bfloat16, longest, seed=9)
+        args = lut_case((widths[0], "lloyd"), 16, 4, torch.bfloat16, longest, seed=9, v_bits=widths[1])
         assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch) == 8
     else:
         args = decode_case(*widths, 128, 16, 4, torch.bfloat16, longest, seed=9)

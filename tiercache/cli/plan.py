@@ -103,7 +103,7 @@ def plan_rows(
     geometry: ModelGeometry, vram_bytes: int | None, dram_bytes: int | None, codec=None
 ) -> list[PlanRow]:
     from tiercache.codecs import KVCodecSpec
-    from tiercache.kernels.decode_lut import lut_serves
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_serves
 
     L, H, d = geometry.num_layers, geometry.num_kv_heads, geometry.head_dim
 
@@ -122,8 +122,11 @@ def plan_rows(
         specs.append(codec)
     for spec in specs:
         label = f"TQ K{spec.key_bits}V{spec.value_bits} ({spec.name})"
-        fast = lut_serves(spec.key_bits, spec.value_bits, d)
-        decode = "Gluon (fast)" if fast else "Triton, 2-44x slower/byte"
+        widths = (spec.key_bits, spec.value_bits)
+        if not lut_serves(*widths, d):
+            decode = "Triton, 2-17x slower/byte"
+        else:
+            decode = "Gluon (fast)" if widths in NATIVE_WIDTHS else "Gluon on sm_90+ (fast)"
         rows.append(row(label, spec.bytes_per_token(L, H, d), codec is not None and spec == codec, spec.name,
                         decode))  # fmt: skip
     return rows
