@@ -178,8 +178,9 @@ class TierCacheConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ metrics (vLLM's stats path)
     def get_kv_connector_stats(self) -> TierCacheStats | None:
-        """Scheduler side: the counters since start, when any moved since the last call (vLLM calls it every
-        step, after update_connector_output). Workers report through the scheduler: their side has none."""
+        """Scheduler side: the counters since start, every step (vLLM calls it after update_connector_output;
+        see scheduler/stats.py for why unchanged totals are sent too). Workers report through the
+        scheduler: their side has none."""
         if self.scheduler is None:
             return None
         data = _guarded("collecting metrics", "this interval's metrics are lost", self.scheduler.stats_update)

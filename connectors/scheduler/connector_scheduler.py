@@ -14,8 +14,8 @@ Provides:
         refuse_step(reason) -> StepPlan / release_refused_step()  fallback when build_plan raised
         on_reports(reports)                                       completions → complete_store/load/transfer;
                                                                   copy timings and failure causes → inspection
-        stats_update() -> dict | None                             counters since start, occupancy; None if
-                                                                  unchanged (vLLM's connector stats)
+        stats_update() -> dict                                    counters since start, occupancy, every
+                                                                  step (vLLM's connector stats)
         request_finished(request_id), drain_events(), close()
         events                                                    recent TierEvents (bounded deque)
         inspection                                                InspectionState (tiercache.inspect), served
@@ -50,7 +50,7 @@ __all__ = ["ConnectorScheduler", "caller_id"]
 
 
 class ConnectorScheduler(AdmissionVerbs, StepVerbs, ReportVerbs):
-    def stats_update(self) -> dict | None:
+    def stats_update(self) -> dict:
         return self.stats.take()
 
     def request_finished(self, request_id: str) -> None:

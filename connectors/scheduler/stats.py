@@ -2,13 +2,15 @@
 
 Provides:
     StatsTap(state, manager)
-        take() -> dict | None     {"totals": {name: count since start}, "gauges": {name: value}}, or None
-                                  when no counter moved since the last take (vLLM then skips the step)
+        take() -> dict            {"totals": {name: count since start}, "gauges": {name: value}}, every step
 
-Totals, not increments: vLLM 0.26's offline engine (LLMEngine.step) drops the stats of a step that produced
-no request output (a chunked prefill's first steps; 0.32 records them), and a lost increment would be lost
-for good, while the next totals still carry it. connectors/metrics.py turns totals back into counter
-increments, per engine. Counters come from the InspectionState (one counting core for inspection and
+Totals, not increments, and every step, also when nothing moved: vLLM 0.26's offline engine (LLMEngine.step)
+drops the stats of a step that produced no request output (a chunked prefill's first steps, a step that
+only loads a request's blocks under asynchronous scheduling; 0.32 records them), so the totals of the step
+where a counter moved may never be recorded; the next step's, which carry them again, are. (Sending only
+changed totals lost one request's loads from the Prometheus counters on two H200s: the step that admitted
+it loaded and produced no output, and nothing moved after.) connectors/metrics.py turns totals back into
+counter increments, per engine. Counters come from the InspectionState (one counting core for inspection and
 metrics: hits_vram, misses, tokens_loaded, io_store_bytes, evicted_spill_by_graph, failures_no_room, …);
 gauges are each tier's used and total slots (the disk tier's: files, and the files tiers.disk.size
 holds). Called on the scheduler thread (vLLM's
@@ -26,13 +28,18 @@ class StatsTap:
     def __init__(self, state: InspectionState, manager) -> None:
         self.state = state
         self.manager = manager
-        self._last: dict[str, int] = {}
+        self._last: dict[str, int] | None = None
+        self._gauges: dict[str, int] = {}
 
-    def take(self) -> dict[str, Any] | None:
+    def take(self) -> dict[str, Any]:
+        """The totals; the gauges are read again only when a counter moved (a slot is taken or freed only by
+        a counted event)."""
         now = {k: v for k, v in self.state.counters.items() if v and k != "events"}
-        if now == self._last:
-            return None
-        self._last = now
+        if now != self._last:
+            self._last, self._gauges = now, self._read_gauges()
+        return {"totals": dict(now), "gauges": dict(self._gauges)}
+
+    def _read_gauges(self) -> dict[str, int]:
         gauges = {}
         for tier in self.manager.view().tiers():
             gauges[f"used_blocks_{tier.name}"] = tier.used_slots
@@ -41,4 +48,4 @@ class StatsTap:
         if "disk_capacity" in disk:
             gauges["used_blocks_disk"] = disk["disk_blocks"]
             gauges["capacity_blocks_disk"] = disk["disk_capacity"]
-        return {"totals": dict(now), "gauges": gauges}
+        return gauges

@@ -277,8 +277,9 @@ def test_load_failure_reasons_reach_the_drop_the_counters_and_the_stats():
     _, output = prefill(sched, "a", 3, [0, 1, 2])
     sched.on_reports([all_ok(sched.build_plan(output))])
     sched.drain_events()
-    assert sched.stats_update()["totals"]["stores"] == 3
-    assert sched.stats_update() is None  # nothing moved since
+    first = sched.stats_update()
+    assert first["totals"]["stores"] == 3
+    assert sched.stats_update() == first  # nothing moved: the same totals again (vLLM may drop a step's)
     admit(sched, "b", 3, [10, 11, 12], external=3 * BS)
     plan = sched.build_plan(step_output(new=[("b", [10, 11, 12], 3 * BS)], scheduled={"b": 5}))
     reason = "hash mismatch: vram slot 1 holds block 0102"
