@@ -15,11 +15,12 @@ transfer — never raised into the engine. Start-up configuration errors are rai
 step plan on a worker (see _plan).
 
 Loads take vLLM's asynchronous path: a request with hits waits (WAITING_FOR_REMOTE_KVS) through the step
-whose plan carries its loads, every rank reports it received after that step (get_finished), with the
-blocks that failed (get_block_ids_with_load_errors) — and vLLM recomputes those before the request first
-computes. Loaded in the step that also computes the request, a failed block would be reported after the
-forward pass used it, and under vLLM's asynchronous scheduling the next step, fed by that pass's token, is
-already scheduled (vLLM #34484, #45138): that token would be kept.
+whose plan carries its loads, every rank reports it received after that step (get_finished) — or, when the
+plan reads from the disk tier or the remote store, after the step in which those reads came in (the engine
+steps on meanwhile) — with the blocks that failed (get_block_ids_with_load_errors), and vLLM recomputes
+those before the request first computes. Loaded in the step that also computes the request, a failed block
+would be reported after the forward pass used it, and under vLLM's asynchronous scheduling the next step,
+fed by that pass's token, is already scheduled (vLLM #34484, #45138): that token would be kept.
 """
 
 from __future__ import annotations
@@ -111,13 +112,17 @@ class TierCacheConnector(KVConnectorBase_V1):
                  fallback=abandon)  # fmt: skip
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """(sent: none, received: the requests whose loads this step ran, failed blocks included: those are
-        in get_block_ids_with_load_errors, asked next, and vLLM recomputes them before the request runs)."""
+        """(sent: none, received: the requests whose loads are done, this step's or, where they waited for
+        disk reads or remote fetches, an earlier step's; failed blocks included: those are in
+        get_block_ids_with_load_errors, asked next, and vLLM recomputes them before the request runs)."""
         plan = self._plan()
         abandon = lambda reason: self.worker.abandon_stores(plan, reason)
         _guarded(f"step {plan.step}: ending", "its stores are not kept", self.worker.end_step, plan,
                  fallback=abandon)  # fmt: skip
-        return None, set(plan.load_requests) or None
+        refuse = lambda reason: self.worker.abandon_loads(plan, reason) or set(plan.load_requests)
+        done = _guarded(f"step {plan.step}: finishing loads", "this step's loads are recomputed",
+                        self.worker.take_finished, plan, fallback=refuse)  # fmt: skip
+        return None, done or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors()

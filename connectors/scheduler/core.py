@@ -13,6 +13,7 @@ Provides:
     (tiercache.disk.files.scan: names only; each file's header and checksum are checked when it is read).
         _load_requests                      the requests those loads are for (vLLM waits for each)
         _in_flight {step: StepRecord}       steps sent to the workers and not yet reported
+        _step_reports                       per step: [ranks reported, stores ok, loads ok, why]
         _job_reports, _job_kinds            per job id: [ranks reported, all ok]; "spill" | "warm"
         _step, _building, _refused          the next step, the step being built, a refused step (RefusedStep)
     StepRecord      a step sent and not yet reported: its stores, loads, tainted requests and fetched blocks
@@ -92,6 +93,7 @@ class SchedulerCore:
         self._disk_reads: list[RemoteItem] = []  # queued for the next plan, before its loads
         self._load_requests: list[str] = []  # requests whose loads are queued: received after the next step
         self._in_flight: dict[int, StepRecord] = {}
+        self._step_reports: dict[int, list] = {}  # step → [ranks reported, stores ok, loads ok, why]
         self._job_reports: dict[int, list] = {}  # job id → [ranks reported, all ok]
         self._step = 0
         self._building: tuple[int, tuple[bytes, ...]] | None = None  # step being built, its reserved stores

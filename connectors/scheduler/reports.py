@@ -4,9 +4,11 @@ into the manager's completions, copy timings and failure causes into inspection.
 
 Provides:
     ReportVerbs
-        on_reports(reports)     completions → complete_store/load/fetch/disk_read/transfer; a store or
-                                load is ok only if it is ok on every rank; a job completes once
-                                world_size ranks reported it
+        on_reports(reports)     completions → complete_store/load/fetch/disk_read/transfer; a step
+                                completes once world_size ranks reported it (a rank whose loads waited
+                                for reads reports that step later than the others), a store or load ok
+                                only if it is ok on every rank; a job completes once world_size ranks
+                                reported it
 
 A request that computed over a block whose load failed (on any rank) computed wrong KV: its stores of that
 step, and of the steps planned before the failure was reported, are aborted (vLLM recomputes those blocks and
@@ -25,10 +27,11 @@ from .core import SchedulerCore, StepRecord, logger
 
 class ReportVerbs(SchedulerCore):
     def on_reports(self, reports: Sequence[WorkerReport]) -> None:
-        """Every rank's report of one engine step: a store or load is ok only if it is ok on every rank; a
-        job completes once world_size ranks reported it. Copies count their bytes and seconds on every rank
-        and their blocks once (rank 0's), so block counts do not grow with the rank count."""
-        steps: dict[int, tuple[list[bool], list[bool], dict[int, str]]] = {}
+        """Every rank's report of one engine step: a step's stores and loads complete once world_size ranks
+        reported it, each ok only if it is ok on every rank; a job completes once world_size ranks reported
+        it. Copies count their bytes and seconds on every rank and their blocks once (rank 0's), so block
+        counts do not grow with the rank count."""
+        complete = []
         for report in reports:
             for reason in report.errors:
                 logger.warning("tiercache: worker: %s", reason)
@@ -50,13 +53,15 @@ class ReportVerbs(SchedulerCore):
                 stores = _aligned(result.stores_ok, len(record.stores), result.step, "store")
                 loads = _aligned(result.loads_ok, len(record.loads), result.step, "load")
                 why = {f.index: f.reason for f in result.load_failures}
-                if result.step in steps:
-                    seen_stores, seen_loads, seen_why = steps[result.step]
-                    stores = [a and b for a, b in zip(seen_stores, stores, strict=True)]
-                    loads = [a and b for a, b in zip(seen_loads, loads, strict=True)]
-                    why = {**why, **seen_why}
-                steps[result.step] = (stores, loads, why)
-        for step, (stores_ok, loads_ok, why) in sorted(steps.items()):
+                seen = self._step_reports.setdefault(result.step, [0, stores, loads, {}])
+                seen[0] += 1
+                seen[1] = [a and b for a, b in zip(seen[1], stores, strict=True)]
+                seen[2] = [a and b for a, b in zip(seen[2], loads, strict=True)]
+                seen[3] = {**why, **seen[3]}
+                if seen[0] >= self.world_size:
+                    complete.append(result.step)
+        for step in sorted(complete):
+            _, stores_ok, loads_ok, why = self._step_reports.pop(step)
             self._complete_step(step, self._in_flight.pop(step), stores_ok, loads_ok, why)
         for report in reports:
             for job in report.jobs:

@@ -9,17 +9,22 @@ Provides:
         warm_up() -> float                   on a GPU (warm_start.py): compile and run once the kernels of a
                                              store and a load, checksums included (seconds taken; 0.0 when
                                              there is nothing to warm or $TIERCACHE_WARM_START is 0)
-        start_step(plan)                     remote uploads, disk writes and drops, disk reads
-                                             (disk_steps.py), remote fetches (remote_steps.py), loads
-                                             (decode into vLLM's blocks; a failed read or fetch is a
-                                             refused load), then submit
-                                             the jobs. The loads' checksum verdicts are compared on the device
-                                             and read by the decode: the host learns them later (settled
-                                             before the jobs, in finish_step or in take_load_errors, whichever
-                                             comes first), so a load does not wait for its decode
+        start_step(plan)                     remote uploads, disk writes and drops; disk reads
+                                             (disk_steps.py) and remote fetches (remote_steps.py) started on
+                                             their reader threads; loads (decode into vLLM's blocks; a failed
+                                             read or fetch is a refused load), now, or for a plan with reads
+                                             or fetches once they are in (below); then submit the jobs. The
+                                             loads' checksum verdicts are compared on the device and read by
+                                             the decode: the host learns them later (settled before the jobs,
+                                             in finish_step or in take_load_errors, whichever comes first), so
+                                             a load does not wait for its decode
         finish_step(plan)                    stores (encode vLLM's blocks into their slots), poll jobs,
-                                             record the step's result
+                                             record the step's result (a step still reading: once its loads
+                                             are done)
         end_step(plan)                       finish_step for a step without stores (maybe no forward pass)
+        take_finished(plan) -> set[str]      the requests whose loads are done (vLLM's finished receiving):
+                                             the plan's, unless it still reads, and those of earlier plans
+                                             whose reads came in since
         abandon_loads(reason) / abandon_stores(reason)   fallbacks after start_step / finish_step raised:
                                              whatever did not complete is reported failed
         take_load_errors() -> set[int]       vLLM block ids whose load was refused or failed
@@ -27,6 +32,12 @@ Provides:
                                              finished jobs, timed loads and stores (IoSample), errors, the
                                              remote and disk writes since the last report
         shutdown()
+
+Reads from the disk tier and the remote store never hold up a step: the loads of a plan with reads or
+fetches wait (the plan's requests wait in vLLM, which loads asynchronously) while later steps run, and are
+done at the first start_step or take_finished after its reads are in; its StepResult follows once its stores
+are done too (the scheduler waits for every rank's). A silent store costs those requests its timeout, and
+nothing else.
 
 Offload mode encodes vLLM's blocks into the tiers' TurboQuant format on save and decodes them on load;
 primary mode (vLLM's cache already holds TurboQuant pages) copies the same bytes both ways (page_io.py).
@@ -79,6 +90,8 @@ class ConnectorWorker(StepIO):
         self.v_views: list[BlockAccess] = []
         self.page_views: list[PageViews] = []  # primary mode
         self._step: StepState | None = None
+        self._reading: list[StepState] = []  # steps whose loads wait for their disk reads or remote fetches
+        self._finished: set[str] = set()  # requests whose loads were done after their own step
         self._load_errors: set[int] = set()
         self._steps: list[StepResult] = []
         self._jobs: list[JobResult] = []
@@ -141,9 +154,12 @@ class ConnectorWorker(StepIO):
     def start_step(self, plan: StepPlan) -> None:
         if self._step is not None:
             self._settle(self._step)
+        self._load_read()
         step = self._step = StepState.of(plan)
-        step.unfetched = self._remote(plan)
-        if plan.loads:
+        step.unfetched = self._remote(plan, step)
+        if step.reading:
+            self._reading.append(step)
+        elif plan.loads:
             self._load(step)
         if plan.jobs:  # a refused block's slot is untagged before any job may read it
             self._settle(step)
@@ -151,10 +167,46 @@ class ConnectorWorker(StepIO):
             self.tiers.submit(job)
             step.submitted.add(job.job_id)
 
-    def _remote(self, plan: StepPlan) -> dict[bytes, str]:
+    def take_finished(self, plan: StepPlan) -> set[str]:
+        """vLLM's finished-receiving requests of this step (get_finished): the plan's own, unless it still
+        reads, and those whose reads came in since (their loads done now, their load errors with them)."""
+        self._load_read()
+        done, self._finished = self._finished, set()
+        if not any(step.plan is plan for step in self._reading):
+            done.update(plan.load_requests)
+        return done
+
+    def _load_read(self) -> None:
+        """The loads of the steps whose disk reads and remote fetches are all in (each filled into DRAM as
+        its batches arrive); a step whose stores are done too is recorded."""
+        for step in list(self._reading):
+            try:
+                failed = [pending.poll() for pending in step.reading]
+            except Exception as e:  # a read raised: its step's reads are all misses (recomputed)
+                self._error(f"step {step.plan.step}: reading from the disk tier or the store failed: {e!r}")
+                reads = (*step.plan.disk_reads, *step.plan.fetches)
+                failed = [{item.block_hash: f"read failed ({type(e).__name__})" for item in reads}]
+            if any(f is None for f in failed):
+                continue
+            self._reading.remove(step)
+            step.reading = []
+            self._finished.update(step.plan.load_requests)  # first: whatever happens next, vLLM hears of them
+            for f in failed:
+                step.unfetched.update(f)
+            if step.plan.loads:
+                try:
+                    self._load(step)
+                    self._settle(step)
+                except Exception as e:  # the loads not done are load errors (vLLM recomputes them)
+                    step.verdicts = None
+                    self._unserved(step, f"loading after the reads failed: {e!r}")
+            if step.stored:
+                self._end(step)
+
+    def _remote(self, plan: StepPlan, step: StepState) -> dict[bytes, str]:
         """Remote uploads and disk writes first (their slots may be reused by this step's reads, fetches and
-        stores), disk drops after the writes, then disk reads and remote fetches; the blocks read or fetched
-        that are not in DRAM now, with why."""
+        stores), disk drops after the writes, then disk reads and remote fetches, started (step.reading);
+        the blocks that cannot be read or fetched, with why."""
         failed: dict[bytes, str] = {}
         tiers = (("remote", self.remote, plan.uploads, plan.fetches, ()),
                  ("disk", self.disk, plan.disk_writes, plan.disk_reads, plan.disk_drops))  # fmt: skip
@@ -169,19 +221,22 @@ class ConnectorWorker(StepIO):
                 self.disk.upload(plan.disk_writes)
             if plan.disk_drops:
                 self.disk.drop(plan.disk_drops)
-            failed.update(self.disk.fetch(plan.disk_reads))
-        if self.remote is not None:
-            failed.update(self.remote.fetch(plan.fetches))
+            if plan.disk_reads:
+                step.reading.append(self.disk.start_fetch(plan.disk_reads))
+        if self.remote is not None and plan.fetches:
+            step.reading.append(self.remote.start_fetch(plan.fetches))
         return failed
 
     def finish_step(self, plan: StepPlan) -> None:
         step = self._current(plan)
-        if step.ended:  # end_step finished it
+        if step.ended or step.stored:  # end_step finished it
             return
         self._settle(step)
         if plan.stores:
             self._store(step)
-        self._end(step)
+        step.stored = True
+        if not step.reading:
+            self._end(step)
         if self.tiers.jobs_in_flight:
             self._jobs += self.tiers.poll()
 
@@ -195,12 +250,13 @@ class ConnectorWorker(StepIO):
     def abandon_loads(self, plan: StepPlan, reason: str) -> None:
         """start_step raised: its loads not done are load errors (vLLM recomputes them) and its jobs not
         submitted are reported failed."""
-        step = self._current(plan)
+        step = next((s for s in self._reading if s.plan is plan), None) or self._current(plan)
         step.verdicts = None  # whatever was decoded is not counted: every load not settled is an error
-        self._error(f"step {plan.step}: loading failed: {reason}")
-        for item, ok in zip(plan.loads, step.loads_ok, strict=True):
-            if not ok:
-                self._load_errors.add(item.block_id)
+        if step in self._reading:  # its reads go on, unused: the scheduler frees their slots on the failure
+            self._reading.remove(step)
+            step.reading = []
+            self._finished.update(plan.load_requests)
+        self._unserved(step, f"loading failed: {reason}")
         for job in plan.jobs:
             if job.job_id not in step.submitted:
                 self._jobs.append(JobResult(job.job_id, False, len(job), 0, 0.0, f"not submitted: {reason}"))
@@ -233,6 +289,8 @@ class ConnectorWorker(StepIO):
         return report
 
     def shutdown(self) -> None:
+        for step in list(self._reading):  # their requests are not served any more
+            self.abandon_loads(step.plan, "shutting down")
         if self.tiers is not None and self.tiers.jobs_in_flight:
             self._jobs += self.tiers.wait()
         for steps in (self.remote, self.disk):
@@ -252,6 +310,13 @@ class ConnectorWorker(StepIO):
                 self._error(f"step {plan.step}: its {len(plan.loads)} loads never started")
                 self._load_errors.update(item.block_id for item in plan.loads)
         return self._step
+
+    def _unserved(self, step: StepState, reason: str) -> None:
+        """The step's loads not done are load errors."""
+        self._error(f"step {step.plan.step}: {reason}")
+        for item, ok in zip(step.plan.loads, step.loads_ok, strict=True):
+            if not ok:
+                self._load_errors.add(item.block_id)
 
     def _end(self, step: StepState) -> None:
         if not step.ended:

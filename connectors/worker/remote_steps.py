@@ -10,10 +10,13 @@ Provides:
                                             DRAM format (copied now: the slot may be reused later in the step;
                                             remote_io.upload_rows) on the bounded write-behind queue; returns
                                             how many were queued (a full queue drops and counts)
-        fetch(items) -> dict[bytes, str]    fetch, verify (MAC when a secret is set; header: codec id, block
-                                            hash, size; checksum) and write into DRAM the blocks; the blocks
-                                            that were not, with why. Each block on its own: a bad value is a
-                                            miss for its block, the others of the fetch are served
+        start_fetch(items) -> PendingFetch  fetch and verify (MAC when a secret is set; header: codec id,
+                                            block hash, size; checksum) on the reader thread, in batches of
+                                            batch_blocks(); .poll() on the caller's thread writes the batches
+                                            read into their DRAM slots and returns, once all are, the blocks
+                                            that were not, with why (None before). Each block on its own: a
+                                            bad value is a miss for its block, the others are served
+        fetch(items) -> dict[bytes, str]    the same, waited for
         take_counts() -> tuple[RemoteCount, ...]   since the last call, for the worker's report (the
                                             scheduler's remote_<event> counters): the writer's outcomes
                                             (written, already_stored, dropped_full, write_failures) and the
@@ -23,8 +26,9 @@ Provides:
         stats() -> dict                     the writer's, the reads' and the store's counters
         close(timeout)                      wait for queued writes (at most timeout), then stop
 
-Order within a step (the worker keeps it): uploads, then fetches, then loads. A fetch asks the store which
-blocks it holds first (a GET of a key that is not there costs a timeout and the adapter's connections).
+Order within a step (the worker keeps it): uploads, then fetches, then loads (once the fetch is in: the
+worker defers that step's loads, connector_worker.py). A fetch asks the store which blocks it holds first (a
+GET of a key that is not there costs a timeout and the adapter's connections).
 
 A refused value is logged once per kind, as a warning naming its real cause (vanished: info, it is what
 eviction does), then only counted; a block's own line is at debug level. The store warns when it goes down.
@@ -33,7 +37,9 @@ eviction does), then only counted; a block's own line is at debug level. The sto
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -65,6 +71,7 @@ class RemoteSteps:
         self.tiers = tiers
         self.store = store if store is not None else open_store(config, namespace)
         self.writer = RemoteWriter(self.store, config.queue_blocks)
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"tiercache-{self.store.tier_name}-reader")
         self._reported = dict.fromkeys(WRITE_EVENTS + READ_EVENTS, 0)  # totals at the last take_counts
         self._refused = dict.fromkeys(READ_EVENTS, 0)  # blocks whose value was refused, by event
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
@@ -80,13 +87,21 @@ class RemoteSteps:
             queued += self.writer.offer(item.block_hash, row, checksum)
         return queued
 
+    def start_fetch(self, items: Sequence[RemoteItem]) -> PendingFetch:
+        return PendingFetch(self, items)
+
     def fetch(self, items: Sequence[RemoteItem]) -> dict[bytes, str]:
-        if not items:
-            return {}
-        failed, todo = self._held(items)
-        got = read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
-        failed.update(self._fill(todo, got))
-        return failed
+        return self.start_fetch(items).wait()
+
+    def batch_blocks(self) -> int:
+        """Blocks read per call of the reader thread (one batch: the remote store splits its own calls)."""
+        return 1 << 30
+
+    def _read(self, items: Sequence[RemoteItem], buffer: int):
+        """On the reader thread: (the blocks the store does not hold, with why; the items of those it holds;
+        their checked values: RemoteBlock or RemoteMiss each). buffer: the store's read buffer (disk)."""
+        missing, todo = self._held(items)
+        return missing, todo, read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
 
     def _held(self, items: Sequence[RemoteItem]) -> tuple[dict[bytes, str], list[RemoteItem]]:
         """(the blocks the store does not hold, with why; the items of those it holds): one existence call."""
@@ -155,7 +170,43 @@ class RemoteSteps:
             tier = self.store.tier_name
             logger.warning("tiercache: %s writes still queued after %gs at shutdown: dropped", tier, timeout)
         self.writer.close()
+        self._reader.shutdown(cancel_futures=True)
         self.store.close()
+
+
+class PendingFetch:
+    """One step's fetch: its batches read and checked on the steps' reader thread, at most two ahead of the
+    fills (a store may reuse its two read buffers: batch k reads into buffer k % 2, after batch k − 2 was
+    filled), and filled into their DRAM slots by whoever polls."""
+
+    def __init__(self, steps: RemoteSteps, items: Sequence[RemoteItem]) -> None:
+        self.steps = steps
+        per = steps.batch_blocks()
+        self._batches = deque(items[start : start + per] for start in range(0, len(items), per))
+        self._reading: deque = deque()  # (future, buffer), in batch order
+        self._failed: dict[bytes, str] = {}
+        for buffer in (0, 1):
+            self._read_next(buffer)
+
+    def poll(self) -> dict[bytes, str] | None:
+        """Fill the batches read so far; once every batch is filled, the blocks not in DRAM, with why."""
+        while self._reading and self._reading[0][0].done():
+            future, buffer = self._reading.popleft()
+            missing, todo, got = future.result()
+            self._failed.update(missing)
+            self._failed.update(self.steps._fill(todo, got))
+            self._read_next(buffer)
+        return None if self._reading else self._failed
+
+    def wait(self) -> dict[bytes, str]:
+        while (failed := self.poll()) is None:
+            self._reading[0][0].result()
+        return failed
+
+    def _read_next(self, buffer: int) -> None:
+        if self._batches:
+            batch = self._batches.popleft()
+            self._reading.append((self.steps._reader.submit(self.steps._read, batch, buffer), buffer))
 
 
 def _log_missed(failed: dict[bytes, str]) -> None:

@@ -35,8 +35,10 @@ class StepState:
     stores_ok: list[bool]
     submitted: set[int] = field(default_factory=set)  # job ids handed to the TierWorker
     load_failures: list[LoadFailure] = field(default_factory=list)
-    unfetched: dict[bytes, str] = field(default_factory=dict)  # remote fetches that failed: why
+    unfetched: dict[bytes, str] = field(default_factory=dict)  # reads and fetches that failed: why
+    reading: list = field(default_factory=list)  # PendingFetch of its disk reads and remote fetches in flight
     verdicts: tuple | None = None  # (load positions, LoadItems, ReadCheck): decoded, not yet settled
+    stored: bool = False  # its stores are done (finish_step ran)
     ended: bool = False  # its StepResult is recorded
 
     @classmethod

@@ -325,6 +325,28 @@ def test_stores_computed_over_a_load_that_failed_on_one_rank_are_aborted():
     sched.manager.check()
 
 
+def test_a_step_completes_once_every_rank_reported_it_in_whatever_engine_steps():
+    """A rank whose loads waited for reads reports its step later than the others: the step's loads and
+    stores complete only then, with both ranks' outcomes (rank 1's refusal is not lost)."""
+    sched = make(world_size=2)
+    _, output = prefill(sched, "a", 3, [0, 1, 2])
+    plan = sched.build_plan(output)
+    sched.on_reports([all_ok(plan)])  # rank 0 only
+    assert sched.counters["stored_blocks"] == 0 and sched.manager.stats()["jobs_in_flight"] == 0
+    sched.on_reports([dataclasses.replace(all_ok(plan), rank=1)])
+    assert sched.counters["stored_blocks"] == 3
+    _, new_b, _ = admit(sched, "b", 4, [10, 11, 12, 13], external=3 * BS)
+    loads = sched.build_plan(step_output(new=[new_b], scheduled={"b": 1}))
+    later = sched.build_plan(step_output())
+    sched.on_reports([all_ok(loads), all_ok(later)])  # rank 0: both steps
+    rank1 = WorkerReport((StepResult(loads.step, (True, False, True), ()),), rank=1)
+    sched.on_reports([dataclasses.replace(all_ok(later), rank=1)])  # rank 1: the later step first
+    assert sched.counters["loaded_blocks"] == 0
+    sched.on_reports([rank1])
+    assert sched.counters["loaded_blocks"] == 2 and sched.counters["load_failures"] == 1
+    sched.manager.check()
+
+
 def test_copies_count_blocks_once_and_bytes_of_every_rank():
     sched = make(world_size=2)
     samples = (IoSample("store", 3, 3000, 0.002),)
