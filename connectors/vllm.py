@@ -147,7 +147,11 @@ class TierCacheConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         s = self.scheduler
         what = f"lookup of request {request.request_id}"
-        n = _guarded(what, "treated as a miss", s.num_matched_tokens, request, num_computed_tokens) or 0
+        miss = lambda reason: 0
+        n = _guarded(what, "treated as a miss", s.num_matched_tokens, request, num_computed_tokens,
+                     fallback=miss)  # fmt: skip
+        if n is None:  # the remote store is being asked: vLLM skips the request this step and asks again
+            return None, False
         return n, n > 0  # loaded asynchronously: see the module's docstring
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:

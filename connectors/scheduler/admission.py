@@ -5,10 +5,12 @@ others.
 
 Provides:
     AdmissionVerbs
-        num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events), extended
-                                                                  by the blocks the disk tier, then the
-                                                                  remote store, hold next; 0 for vLLM's
-                                                                  retry after failed loads
+        num_matched_tokens(request, num_computed_tokens) -> int | None   longest ready prefix (no events),
+                                                                  extended by the blocks the disk tier,
+                                                                  then the remote store, hold next (None
+                                                                  while the store is being asked:
+                                                                  remote_lookups.py); 0 for vLLM's retry
+                                                                  after failed loads
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
                                                                   (disk and remote hits: a DRAM slot each,
                                                                   filled by the workers before the load);
@@ -18,8 +20,8 @@ Provides:
         refuse_loads(request, block_ids, num_external_tokens)     fallback: queue them refused instead
     caller_id(request_id) -> str | None     the id the caller gave, when vLLM appended its random suffix
 
-Loads are synchronous (vLLM's sync-load path): a block counted as loaded but refused or failed on a worker
-is reported as a load error and vLLM recomputes it.
+Loads take vLLM's asynchronous path (connectors/vllm.py): a block counted as loaded but refused or failed on
+a worker is reported as a load error and vLLM recomputes it.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from .core import SchedulerCore
 
 
 class AdmissionVerbs(SchedulerCore):
-    def num_matched_tokens(self, request, num_computed_tokens: int) -> int:
+    def num_matched_tokens(self, request, num_computed_tokens: int) -> int | None:
         """0 for vLLM's retry of a request whose loads failed: it recomputes what it did not load, as it
         would had the failure been found before its admission (offering the same hits again could fail the
-        same way for ever)."""
+        same way for ever). None while the remote store is being asked about the prompt's next blocks (vLLM
+        asks again next step)."""
         state = self.requests.admit(request, num_computed_tokens)
         state.asked = True
         if state.retry:
@@ -47,12 +50,15 @@ class AdmissionVerbs(SchedulerCore):
         hit = self.manager.lookup(hashes, record=False)
         hit = max(hit, num_computed_tokens // self.block_size)
         hit += self.manager.disk_prefix(hashes[hit:])
-        hit += self._remote_prefix(hashes[hit:])
-        return max(0, hit * self.block_size - num_computed_tokens)
+        remote = self._remote_prefix(request.request_id, hashes[hit:])
+        if remote is None:
+            return None
+        return max(0, (hit + remote) * self.block_size - num_computed_tokens)
 
-    def _remote_prefix(self, hashes: Sequence[bytes]) -> int:
-        """How many of these blocks, from the first, the remote store holds: one batched existence call.
-        Stops before a block the manager knows (in flight or bad here: a fetch of it would be refused)."""
+    def _remote_prefix(self, request_id: str, hashes: Sequence[bytes]) -> int | None:
+        """How many of these blocks, from the first, the remote store holds: one batched existence call,
+        on the lookup thread (None until it answers). Stops before a block the manager knows (in flight or
+        bad here: a fetch of it would be refused)."""
         if self.remote is None:
             return 0
         todo = []
@@ -62,7 +68,9 @@ class AdmissionVerbs(SchedulerCore):
             todo.append(block_hash)
         if not todo:
             return 0
-        answer = self.remote.exists(todo)
+        answer = self.remote_lookups.found(request_id, todo)
+        if answer is None:
+            return None
         n = next((i for i, found in enumerate(answer.found) if not found), len(todo))
         self.inspection.record_remote(lookups=len(todo), found=n)
         return n

@@ -3,8 +3,9 @@ into one StepPlan per engine step (DESIGN.md decision 1: the scheduler decides, 
 
 Provides:
     ConnectorScheduler(config, geometry, world_size=1, model="")   model: the remote tier's namespace
-        num_matched_tokens(request, num_computed_tokens) -> int   longest ready prefix (no events), extended
-                                                                  by the blocks the remote store holds next
+        num_matched_tokens(request, num_computed_tokens) -> int | None   longest ready prefix (no events),
+                                                                  extended by the blocks the remote store
+                                                                  holds next (None: still asking it)
         after_alloc(request, block_ids, num_external_tokens)      pins the hit blocks, queues their loads
                                                                   (remote hits: a DRAM slot each, fetched
                                                                   by the workers before the load)
@@ -33,8 +34,9 @@ fallbacks above, which never leave a block in flight (steps.py and reports.py sa
 report is undone).
 
 The remote tier (tiers.remote): on a local miss, one batched existence call (bounded by tiers.remote.timeout;
-the store down or slow answers "none") finds how many of the prompt's next blocks the store holds (rank 0's
-keys: a block missing on another rank fails its fetch there, and so its load); those count as matched. The
+the store down or slow answers "none"), made on a lookup thread while vLLM asks again each step
+(remote_lookups.py), finds how many of the prompt's next blocks the store holds (rank 0's keys: a block
+missing on another rank fails its fetch there, and so its load); those count as matched. The
 manager reserves DRAM slots for them; the plan carries the fetches before the loads, and a fetch that fails
 on any rank is a refused load (vLLM recomputes) whose reason the report carries. Blocks the manager drops
 from DRAM go out as the plan's uploads (tiers.remote.write says which).
@@ -55,6 +57,8 @@ class ConnectorScheduler(AdmissionVerbs, StepVerbs, ReportVerbs):
 
     def request_finished(self, request_id: str) -> None:
         self.requests.finish(request_id)
+        if self.remote_lookups is not None:
+            self.remote_lookups.forget(request_id)
 
     def drain_events(self) -> None:
         """Take the manager's events into `events` and the inspection state, and publish (rate-limited)."""
@@ -71,4 +75,5 @@ class ConnectorScheduler(AdmissionVerbs, StepVerbs, ReportVerbs):
             self.inspection_service = None
         self.manager.close()
         if self.remote is not None:
+            self.remote_lookups.close()
             self.remote.close()

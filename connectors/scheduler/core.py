@@ -39,6 +39,7 @@ from tiercache.scheduler.policies import make_policy
 from tiercache.wire import LoadItem, RemoteItem
 
 from ..common import Geometry
+from .remote_lookups import RemoteLookups
 from .requests import RequestTracker
 from .stats import StatsTap
 
@@ -84,6 +85,7 @@ class SchedulerCore:
         self.events: deque = deque(maxlen=MAX_RECENT_EVENTS)
         self.counters = {"loaded_blocks": 0, "load_failures": 0, "stored_blocks": 0, "store_failures": 0}
         self.remote = self._open_remote(config, layout, model)
+        self.remote_lookups = RemoteLookups(self.remote) if self.remote is not None else None
         self.disk_file_bytes = file_bytes(layout)
         if config.tiers.disk is not None:
             found = scan(block_dir(config.tiers.disk.path, RemoteNamespace(model, self.codec_id, layout)))
