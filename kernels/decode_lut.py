@@ -53,15 +53,11 @@ def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
     return 1 <= k_bits <= 8 and 1 <= v_bits <= 4 and head_dim == 128
 
 
-def _key_mode(k_bits: int, uniform8: bool) -> int:
-    """4: nibble operands (1–4 bits), 8: byte operands (5–8 bits), 9: uniform 8-bit keys by arithmetic."""
-    return 4 if k_bits <= 4 else 9 if uniform8 else 8
-
-
 def lut_mode_of(
     query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int, config: DecodeLaunchConfig
 ) -> int:
-    """The Gluon kernel's key mode (_key_mode) where it applies, else 0: config.lut_kernel, CUDA (sm_80+),
+    """The Gluon kernel's key mode where it applies (4: nibble operands, keys of 1–4 bits; 8: byte operands,
+    5–8 bits; 9: uniform 8-bit keys by arithmetic), else 0: config.lut_kernel, CUDA (sm_80+),
     16-bit queries, lut_serves' widths, G ≤ 8, a power-of-two block size, and packed caches it can copy in
     16-byte (keys) and 8-byte (values) pieces; widths off NATIVE_WIDTHS only with TMA staging (sm_90+,
     16-byte aligned caches, config.lut_tma) and blocks of at least 8 tokens."""
@@ -78,7 +74,9 @@ def lut_mode_of(
     spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS  # boxes of ≥ 8 rows: 128-byte aligned slots
     if spread and (block_size < 8 or not _use_tma(k_packed, v_packed, config)):
         return 0
-    return _key_mode(k_codec.bits, kernel_tables(k_codec, query.device).uniform_step is not None)
+    if k_codec.bits <= 4:
+        return 4
+    return 9 if kernel_tables(k_codec, query.device).uniform_step is not None else 8
 
 
 @functools.cache

@@ -7,13 +7,11 @@ Provides:
 Totals, not increments, and every step, also when nothing moved: vLLM 0.26's offline engine (LLMEngine.step)
 drops the stats of a step that produced no request output (a chunked prefill's first steps, a step that
 only loads a request's blocks under asynchronous scheduling; 0.32 records them), so the totals of the step
-where a counter moved may never be recorded; the next step's, which carry them again, are. (Sending only
-changed totals lost one request's loads from the Prometheus counters on two H200s: the step that admitted
-it loaded and produced no output, and nothing moved after.) connectors/metrics.py turns totals back into
-counter increments, per engine. Counters come from the InspectionState (one counting core for inspection and
-metrics: hits_vram, misses, tokens_loaded, io_store_bytes, evicted_spill_by_graph, failures_no_room, …);
-gauges are each tier's used and total slots (the disk tier's: files, and the files tiers.disk.size
-holds). Called on the scheduler thread (vLLM's
+where a counter moved may never be recorded; the next step's, which carry them again, are.
+connectors/metrics.py turns totals back into counter increments, per engine. Counters come from the
+InspectionState (one counting core for inspection and metrics: hits_vram, misses, tokens_loaded,
+io_store_bytes, evicted_spill_by_graph, failures_no_room, …); gauges are each tier's used and total slots
+(the disk tier's: files, and the files tiers.disk.size holds). Called on the scheduler thread (vLLM's
 Scheduler.update_from_output → connector.get_kv_connector_stats), the thread that feeds the state.
 """
 
