@@ -12,8 +12,11 @@ Each configuration runs in its own process with the same `--kv-gib` of KV cache 
 (kv_cache_memory_bytes), dummy weights and vLLM's default compilation (CUDA graphs where the backend allows;
 tiercache's backend runs attention eagerly between vLLM's piecewise graphs). For each set N × L (N sequences
 of L random tokens, all resident at once):
-  prefill   generate(max_tokens=1) over fresh prompts: N·L / seconds
-  decode    the same prompts again (prefix-cache hits): max_tokens=1+K minus max_tokens=1, divided by K steps
+  prefill   generate(max_tokens=1) over fresh prompts, after one pass over other prompts of the same shape
+            (so no configuration pays its first compiles here): N·L / seconds
+  decode    the same prompts again (prefix-cache hits), stepped through the engine: the wall time of the K
+            engine steps after every request has its first token, divided by K (every one of those steps
+            decodes all N sequences); the median of three passes after a warm-up pass
 The layer count is a flag because bf16 must hold 16 × 32K tokens on one H100 next to the weights; capacity
 ratios do not depend on it where every layer's page is the same. The `-exact2` configs keep the first two and
 the last two layers exact (codec.exact_layers [0, 1, -2, -1], vLLM's --kv-cache-dtype-skip-layers): 4 of the
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -87,17 +91,46 @@ def child(args: argparse.Namespace) -> None:
     tokens = scheduler.kv_cache_config.num_blocks * scheduler.cache_config.block_size
     rows = []
     for n, length in sets:
-        rng = random.Random(n * 100_003 + length)
-        prompts = [{"prompt_token_ids": [rng.randrange(1000, 100_000) for _ in range(length)]}
-                   for _ in range(n)]  # fmt: skip
+        prompts = _random_prompts(n, length, seed=n * 100_003 + length)
+        _timed(llm, _random_prompts(n, length, seed=-1 - n), 1)  # compiles this shape's prefill
         prefill_s = _timed(llm, prompts, 1)
-        _timed(llm, prompts, 1 + args.steps)  # the first decode pass compiles what is new to this process
-        with_decode = min(_timed(llm, prompts, 1 + args.steps) for _ in range(2))
-        without = min(_timed(llm, prompts, 1) for _ in range(2))
-        step_s = (with_decode - without) / args.steps
+        _decode_step_s(llm, prompts, args.steps)  # compiles what is new to this process
+        step_s = statistics.median(_decode_step_s(llm, prompts, args.steps) for _ in range(3))
         rows.append({"n": n, "length": length, "prefill_tok_s": n * length / prefill_s,
                      "step_ms": 1e3 * step_s, "out_tok_s": n / step_s})  # fmt: skip
     _child.print_result({"tokens": tokens, "start_s": start_s, "sets": rows})
+
+
+def _random_prompts(n: int, length: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(1000, 100_000) for _ in range(length)]} for _ in range(n)]
+
+
+def _decode_step_s(llm, prompts: list[dict], steps: int) -> float:
+    """Seconds per decode step of all `prompts` together: from the engine step that gives the last of them
+    its first token until every one has `steps` more, divided by `steps` (a step that overlaps the next
+    one's scheduling is so counted once). The requests are then aborted."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=2 + 2 * steps, ignore_eos=True, detokenize=False)
+    tag = time.monotonic_ns()
+    ids = [f"decode-{tag}-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    counts: dict[str, int] = {}
+    while len(counts) < len(ids):
+        counts.update((out.request_id, len(out.outputs[0].token_ids)) for out in engine.step())
+    first, t = dict(counts), time.perf_counter()
+    while min(counts[i] - first[i] for i in first) < steps:
+        outs = engine.step()
+        counts.update((out.request_id, len(out.outputs[0].token_ids)) for out in outs)
+        assert all(not out.finished for out in outs), "a request finished inside the timed steps"
+    elapsed = time.perf_counter() - t
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return elapsed / steps
 
 
 def _timed(llm, prompts: list[dict], max_tokens: int) -> float:
