@@ -5,6 +5,8 @@ them). Idempotent. Registers:
     AttentionBackendEnum.CUSTOM                     primary mode's backend (--attention-backend CUSTOM)
     AttentionBackendEnum.CPU_ATTN (CPU platform)    a CPU backend that is vLLM's own unless CUSTOM was
                                                     selected (the CPU platform ignores the selection)
+    --kv-cache-dtype tiercache_<preset> (vLLM ≥ 0.33)  the codec named on the command line
+                                                    (attention/cache_dtypes.py)
 """
 
 from __future__ import annotations
@@ -24,3 +26,6 @@ def register() -> None:
     register_backend(AttentionBackendEnum.CUSTOM, f"{BACKENDS}.TierCacheAttentionBackend")
     if current_platform.is_cpu():
         register_backend(AttentionBackendEnum.CPU_ATTN, f"{BACKENDS}.TierCacheCPUAttentionBackend")
+    from .attention.cache_dtypes import register_preset_dtypes
+
+    register_preset_dtypes()

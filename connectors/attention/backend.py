@@ -33,7 +33,7 @@ from tiercache.errors import ConfigError
 from tiercache.kernels import SUPPORTED_HEAD_DIMS
 from tiercache.pages import PageFormat
 
-from .cache_dtypes import LEGACY_CACHE_DTYPES, SUPPORTED_CACHE_DTYPES, legacy_page, sizes_pages
+from .cache_dtypes import LEGACY_CACHE_DTYPES, legacy_page, sizes_pages, supported_cache_dtypes
 from .exact_layers import is_exact_spec
 from .impl import PrimaryAttentionImpl
 from .metadata import PrimaryMetadataBuilder
@@ -65,7 +65,7 @@ class TierCacheAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False  # do_kv_cache_update writes the pages
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list[str]] = list(
-        SUPPORTED_CACHE_DTYPES if sizes_pages() else LEGACY_CACHE_DTYPES
+        supported_cache_dtypes() if sizes_pages() else LEGACY_CACHE_DTYPES
     )
 
     @staticmethod

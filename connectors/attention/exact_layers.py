@@ -19,8 +19,9 @@ Provides:
     skips_layers() -> bool         this vLLM has --kv-cache-dtype-skip-layers
     is_exact_spec(spec) -> bool    a layer's KV cache spec is a skipped (exact) layer's: no quantization,
                                    a float dtype
-    MARKER_DTYPE                   the --kv-cache-dtype of the packed layers on vLLM >= 0.32 when some layers
-                                   are exact (the backend sizes the pages; the name only marks the layers)
+    MARKER_DTYPE                   the --kv-cache-dtype of the packed layers on vLLM 0.32 (and on 0.33 for a
+                                   codec that is no preset) when some layers are exact (the backend sizes the
+                                   pages; the name only marks the layers)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from tiercache.codecs import KVCodecSpec
 from tiercache.errors import ConfigError, clipped, shown
 
-from .cache_dtypes import ONE_BYTE, fitting_dtype, sizes_pages
+from .cache_dtypes import ONE_BYTE, PRESET_DTYPES, fitting_dtype, preset_dtype, registers_dtypes, sizes_pages
 
 MARKER_DTYPE = "int4_per_token_head"
 
@@ -65,7 +66,7 @@ def resolve(vllm_config, config) -> tuple[int, ...]:
             + (f"skips. Start vLLM with {flags}" if exact else "skips: drop the flag, or list its layers in "
                "codec.exact_layers")
         )  # fmt: skip
-    if exact and cache.cache_dtype not in ONE_BYTE:
+    if exact and cache.cache_dtype not in (*ONE_BYTE, *PRESET_DTYPES):
         raise ConfigError(
             f"tiercache primary mode: codec.exact_layers ({config.source}) with --kv-cache-dtype "
             f"{cache.cache_dtype}: the packed layers need a one-byte cache dtype so that vLLM tells them "
@@ -76,8 +77,9 @@ def resolve(vllm_config, config) -> tuple[int, ...]:
 
 def cache_args(spec: KVCodecSpec, num_layers: int, head_size: int, model_dtype: torch.dtype) -> dict:
     """The vLLM cache arguments primary mode needs on this vLLM for `spec`: the packed layers' dtype (vLLM
-    0.26: the smallest page that holds the codec; >= 0.32: "auto", or MARKER_DTYPE when some layers are
-    exact) and the exact layers as vLLM's skip list."""
+    0.26: the smallest page that holds the codec; >= 0.33: tiercache_<preset> where the codec is a preset;
+    >= 0.32: "auto", or MARKER_DTYPE when some layers are exact) and the exact layers as vLLM's skip
+    list."""
     exact = spec.exact_layer_indices(num_layers)
     if exact and not skips_layers():
         raise ConfigError(
@@ -86,6 +88,8 @@ def cache_args(spec: KVCodecSpec, num_layers: int, head_size: int, model_dtype: 
         )
     if not sizes_pages():
         dtype = fitting_dtype(spec, head_size, model_dtype)
+    elif registers_dtypes() and preset_dtype(spec):
+        dtype = preset_dtype(spec)
     else:
         dtype = MARKER_DTYPE if exact else "auto"
     return {"kv_cache_dtype": dtype, "kv_cache_dtype_skip_layers": [str(i) for i in exact]}

@@ -111,3 +111,29 @@ def test_gpu_tensor_parallel_prefix_and_tier_hits_equal_the_reference(tmp_path, 
     for name, outs in runs.items():
         assert [o.num_cached_tokens for o in outs[:2]] == [0, 96], name  # the shared blocks were reused
         assert [list(o.outputs[0].token_ids) for o in outs] == expect, name
+
+
+@pytest.mark.gpu
+def test_gpu_preset_dtype_names_the_codec(tmp_path, monkeypatch):
+    """vLLM ≥ 0.33: --kv-cache-dtype tiercache_tq4 with no tiercache config serves K4V4 pages (the default
+    codec gives way to the flag) with the reference's greedy tokens; a config naming another codec stops
+    the engine with both named."""
+    from tiercache.connectors.attention.cache_dtypes import registers_dtypes
+
+    if not registers_dtypes():
+        pytest.skip("this vLLM has no register_kv_cache_dtype (vLLM >= 0.33)")
+    model = build_tiny_llama(tmp_path / "tiny128", head_dim=128)
+    monkeypatch.delenv("TIERCACHE_CONFIG", raising=False)
+    options = dict(attention_config={"backend": "CUSTOM"}, gpu_memory_utilization=0.3, enforce_eager=True)
+    with engine(model, None, kv_cache_dtype="tiercache_tq4", **options) as llm:
+        from vllm import SamplingParams
+
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    ref = reference.load(model, "tq4")
+    expect = [reference.greedy(ref, list(o.prompt_token_ids), MAX_TOKENS) for o in outs]
+    assert [list(o.outputs[0].token_ids) for o in outs] == expect
+    (tmp_path / "tc.yaml").write_text("codec: k3v4\n")
+    monkeypatch.setenv("TIERCACHE_CONFIG", str(tmp_path / "tc.yaml"))
+    refused = pytest.raises(Exception, match="tiercache_tq4 names codec tq4, but the tiercache config")
+    with refused, engine(model, None, kv_cache_dtype="tiercache_tq4", **options):
+        pass
