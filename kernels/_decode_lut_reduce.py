@@ -18,6 +18,8 @@ from ._decode_lut_ptx import PROXY_FENCE_ASM as _PROXY_FENCE_ASM
 LUT_BYTES = gl.constexpr(_LUT_BYTES)
 COMBINE_STATS_AT = gl.constexpr(_COMBINE_STATS_AT)
 PROXY_FENCE_ASM = gl.constexpr(_PROXY_FENCE_ASM)
+# A barrier of the program's threads: Gluon's thread_barrier (Triton 3.6), barrier() since (3.8 has no other).
+cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
 @gluon.jit
@@ -54,15 +56,15 @@ def combine_warps(buf, lse_w, out_w, threads, W: gl.constexpr, SMEM: gl.constexp
         ._reinterpret(gl.float32, [256, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         .slice(COMBINE_STATS_AT // 32, W)
     )
-    gl.thread_barrier()  # no warp still reads its slots
+    cta_barrier()  # no warp still reads its slots
     outs.store(out_w)
     lses.store(lse_w)
-    gl.thread_barrier()
+    cta_barrier()
     o3 = outs.load(RL)
     l3 = gl.expand_dims(lses.load(gl.SliceLayout(1, RL)), 1)  # [W, 1, 8]
     if TMA:  # the next item's boxes overwrite these bytes
         per_thread(PROXY_FENCE_ASM, threads)
-    gl.thread_barrier()
+    cta_barrier()
     m = gl.max(l3, axis=0)  # [1, 8]
     m_use = gl.where(m == float("-inf"), 0.0, m)
     weight = gl.exp2(l3 - gl.expand_dims(m_use, 0))  # 0 for warps that saw no token
