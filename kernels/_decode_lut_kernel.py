@@ -10,17 +10,20 @@ Per T-token tile (T = 16, 32 or 64) and warp, in the transposed form (tokens and
 the MMAs, the G ≤ 8 query heads of the kv head the N side):
     Sᵀ [T, 8]   = K̂ [T, 128] · Q̂ᵀ [128, 8]        K̂ straight from registers (dot operand A)
     Oᵀ [128, 8] += V̂ᵀ [128, T] · Pᵀ [T, 8]        V̂ᵀ from registers, Pᵀ by movmatrix from the Sᵀ accumulator
-Centroids come from one 256-entry table of float16 pairs, replicated for the 32 lanes in the first 64 KiB
-of shared memory: entry e, lane l at byte e·256 + l·4 (+128 for the second table), so one `prmt` forms the
-address from a packed byte and a lookup never has a bank conflict.
-4-bit: a byte's two nibbles → (c[lo], c[hi]). For values, two tokens' nibbles of the same coordinate are
-first paired into one byte, so an entry is the (token 2t, token 2t+1) pair operand A needs. 8-bit keys:
-one lookup per byte (Lloyd-Max, second table) or, for a symmetric uniform codebook, arithmetic (k − 128
-as float16, the step folded into the query).
-Other widths (K_BITS 1–3 in key mode 4, 5–7 in key mode 8, V_BITS 1–3; sm_90+): the TMA boxes carry the
-packed rows unswizzled, and the read-back spreads each piece's fields into nibble or byte slots
-(_decode_lut_ptx.spread_piece_asm), so everything after it is the 4- or 8-bit path, with tables that repeat
-every 2^bits entries.
+Centroids come from two 256-entry tables of 32-bit words (the key table and the value table, one when
+equal), replicated for the 32 lanes in the first 64 KiB of shared memory: entry e, lane l at byte
+e·256 + l·4 (+128 for the second table), so one `prmt` forms the address from a packed byte and a lookup
+never has a bank conflict.
+Key mode 4 (nibble words): a byte's two nibbles → the float16 pair (c[lo], c[hi]). Key mode 8 (byte
+words): one lookup per byte, its float16 centroid in the entry's low half, two bytes' centroids packed by
+`prmt`. Key mode 9 (uniform 8-bit keys): arithmetic (k − 128 as float16, the step folded into the query),
+no table. Values pair two tokens, (token 2t, token 2t+1) of one coordinate, as operand A needs: value
+mode 4 (nibble words) pairs the two tokens' nibbles into one byte first, so one lookup yields the pair;
+value mode 8 (byte words, 32 a token) looks up each token's byte and packs the two centroids by `prmt`.
+Other widths (K_BITS 1–3 in key mode 4, 5–7 in key mode 8, V_BITS 1–3 in value mode 4, 5–7 in value mode 8;
+sm_90+): the TMA boxes carry the packed rows unswizzled, and the read-back spreads each piece's fields into
+nibble or byte slots (_decode_lut_ptx.spread_piece_asm), so everything after it is the 4- or 8-bit path,
+with tables that repeat every 2^bits entries.
 The packed words of tile i + 1 are copied into shared memory while tile i is computed, in PTX the compiler
 does not see: on sm_90+ (TMA) as boxes of one block piece and kv head each, issued by a few lanes of the warp
 and completing on the warp's own mbarrier, the tokens in the slot order π (_tile_perm) that keeps the reads
@@ -60,6 +63,7 @@ from ._decode_lut_ptx import (
     tma_stage_asm,
     tma_unstage_asm,
     v4_asm,
+    v8_asm,
     warp_slot_bytes,
 )
 from ._decode_lut_reduce import combine_layout, combine_warps, per_thread
@@ -68,7 +72,7 @@ LUT_BYTES = gl.constexpr(_LUT_BYTES)
 GRID_WAIT_ASM = gl.constexpr(_GRID_WAIT_ASM)
 __all__ = [
     "LUT_BYTES", "PT_ASM", "fill_asm", "k4_asm", "k8_asm", "shared_bytes", "staging_asm", "tma_init_asm",
-    "tma_stage_asm", "tma_unstage_asm", "v4_asm",
+    "tma_stage_asm", "tma_unstage_asm", "v4_asm", "v8_asm",
 ]  # fmt: skip
 
 
@@ -82,8 +86,9 @@ PT_ASM = gl.constexpr(" ".join([
 
 @constexpr_function
 def _value_piece_layout(W, T):
-    """Value pieces [W, T, 8] (words 2c, 2c+1): thread (g, t) holds piece g of tokens 2t, 2t+1 (+8i); joined
-    with the piece's two words, thread (g, t) holds words 2g, 2g+1 of those tokens (operand A's pairs)."""
+    """Value pieces [W, T, 8] (value mode 4: words 2c, 2c+1; 8: words 4c … 4c+3): thread (g, t) holds piece
+    g of tokens 2t, 2t+1 (+8i); joined with the piece's words, thread (g, t) holds words 2g, 2g+1 (or 4g …
+    4g+3) of those tokens (operand A's pairs)."""
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1, 0]] + [[0, 8 << i, 0] for i in range(T.bit_length() - 4)],
         lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
@@ -129,12 +134,23 @@ def _k_phys(d, K_MODE: gl.constexpr):
         return 4 * w + b
 
 
+# _v_operand's relabelling: the axes of its joined lookups, [W, T/2, word bits, j, nibble or byte bits], in
+# the order of V̂ᵀ's [W, row bits (high → low), i, j] (token 2i + j; rows: _v_phys)
+V4_AXES = gl.constexpr((0, 9, 8, 7, 5, 2, 3, 4, 1, 6))  # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2]
+V8_AXES = gl.constexpr((0, 5, 6, 9, 8, 2, 3, 4, 1, 7))  # [W, T/2, w4, w3, w2, w1, w0, j, b0, b1]
+
+
 @gluon.jit
-def _v_phys(r):
+def _v_phys(r, V_MODE: gl.constexpr):
     """Natural coordinate of logical value coordinate r (operand-A row order, see _v_operand).
-    r bits (low → high): w1, w2, w3, w0, n0, n1, n2; coordinate 8w + n."""
-    w = ((r >> 3) & 1) | ((r & 7) << 1)
-    return 8 * w + (r >> 4)
+    Value mode 4: r bits (low → high) w1, w2, w3, w0, n0, n1, n2; coordinate 8w + n (nibble n of word w).
+    Value mode 8: r bits w2, w3, w4, b0, b1, w0, w1; coordinate 4w + b (byte b of word w), which is
+    16·(r & 7) + (r >> 3)."""
+    if V_MODE == 4:
+        w = ((r >> 3) & 1) | ((r & 7) << 1)
+        return 8 * w + (r >> 4)
+    else:
+        return 16 * (r & 7) + (r >> 3)
 
 
 @gluon.jit
@@ -162,20 +178,34 @@ def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.conste
 
 
 @gluon.jit
-def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_ASM: gl.constexpr):
-    """Packed 4-bit value words [W, T, 16] → V̂ᵀ [W, 128, T] float16, rows in logical order."""
-    pairs = gl.permute(gl.reshape(words, [W, T // 2, 2, 16]), [0, 1, 3, 2])
-    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, 16]
-    wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2])  # w3 w2 w1 w0
-    wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2])
-    # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per nibble
-    o = gl.inline_asm_elementwise(
-        V_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
-        dtype=(gl.float16,) * 8, is_pure=True, pack=2,
-    )  # fmt: skip
-    x = _join8(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7])
-    # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
-    x = gl.permute(x, [0, 9, 8, 7, 5, 2, 3, 4, 1, 6])
+def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V_ASM: gl.constexpr):
+    """Packed value words [W, T, 16 (value mode 4) or 32 (8)] → V̂ᵀ [W, 128, T] float16, rows in logical
+    order. Thread (g, t) holds words 2g, 2g+1 (or 4g … 4g+3) of tokens 2t, 2t+1 (+8i); the relabelling
+    makes its rows g + 8h + 16a (h < 2, a < 8), operand A's fragment."""
+    pairs = gl.permute(gl.reshape(words, [W, T // 2, 2, 4 * V_MODE]), [0, 1, 3, 2])
+    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, 16 or 32]
+    if V_MODE == 4:
+        wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2])  # w3 w2 w1 w0
+        wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2])
+        # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per nibble
+        o = gl.inline_asm_elementwise(
+            V_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
+            dtype=(gl.float16,) * 8, is_pure=True, pack=2,
+        )  # fmt: skip
+        x = _join8(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7])
+        # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
+        x = gl.permute(x, V4_AXES.value)
+    else:
+        wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2, 2])  # w4 w3 w2 w1 w0
+        wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2, 2])
+        # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per byte
+        o = gl.inline_asm_elementwise(
+            V_ASM, "=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
+            dtype=(gl.float16,) * 4, is_pure=True, pack=2,
+        )  # fmt: skip
+        x = _join4(o[0], o[1], o[2], o[3])
+        # [W, T/2, w4, w3, w2, w1, w0, j, b0, b1] → [W, w1 w0 b1 b0 w4 w3 w2, (i, j)]
+        x = gl.permute(x, V8_AXES.value)
     return gl.reshape(x, [W, 128, T])
 
 
@@ -226,7 +256,8 @@ def _stage_tile(
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
     """Start copying a tile's packed key words (16-byte pieces [W, T, KW/4], KPT per thread) and value
-    words (8-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit group."""
+    words (8- or 16-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit
+    group."""
     _stage_pieces(
         t0, end, h, bid, k_tok, k_word, kp_ptr, skp_b, skp_o, skp_h, BLOCK_SIZE, W, T, NBT, K_STAGE, KPT
     )
@@ -253,25 +284,41 @@ def _stage_pieces(
 
 @gluon.jit
 def _unstage_tile(
-    k_any, v_any, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr,
+    k_any, v_any, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, V_MODE: gl.constexpr,
     K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
-    """Wait for this thread's copies, then read them back: key words [W, T, KW], value words [W, T, 16]
+    """Wait for this thread's copies, then read them back: key words [W, T, KW], value words [W, T, 16 or 32]
     (k_any, v_any: any int32 tensors shaped and laid out as the key and value pieces)."""
     k_cons: gl.constexpr = _constraints("rrrr", "r", KPT)
     k0, k1, k2, k3 = gl.inline_asm_elementwise(K_UNSTAGE, k_cons, [k_any], (gl.int32,) * 4, False, KPT)
-    v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
-    v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_any], (gl.int32,) * 2, False, T // 4)
-    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), gl.reshape(gl.join(v0, v1), [W, T, 16])
+    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), _value_words(v_any, W, T, V_MODE, V_UNSTAGE)
 
 
 @gluon.jit
-def _tile_perm(m):
-    """Slot order of a tile's tokens: MMA token m (row of Sᵀ, column of V̂ᵀ) is token π(m) of the tile, π
-    permuting each 8 as 0 3 1 2 4 7 5 6, so that the TMA path's reads of swizzled slots meet distinct banks
-    (the two tokens a quarter warp reads differ in parity; the four a half warp reads for values differ in
-    bits 0 and 2)."""
-    return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
+def _value_words(v_in, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V_UNSTAGE: gl.constexpr):
+    """Value words [W, T, 16 or 32] by the value read-back PTX, one operand per piece (v_in [W, T, 8] int32,
+    laid out as the value pieces): a piece's 2 or 4 words, word k of piece c → word (V_MODE / 2)·c + k."""
+    if V_MODE == 4:
+        v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
+        v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_in], (gl.int32,) * 2, False, T // 4)
+        return gl.reshape(gl.join(v0, v1), [W, T, 16])
+    else:
+        v_cons: gl.constexpr = _constraints("rrrr", "r", T // 4)
+        v0, v1, v2, v3 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_in], (gl.int32,) * 4, False, T // 4)
+        return gl.reshape(_join4(v0, v2, v1, v3), [W, T, 32])
+
+
+@gluon.jit
+def _tile_perm(m, V_MODE: gl.constexpr):
+    """Slot order of a tile's tokens: MMA token m (row of Sᵀ, column of V̂ᵀ) is token π(m) of the tile, so
+    that the TMA path's reads of swizzled slots meet distinct banks: the two tokens a quarter warp reads for
+    keys differ in parity; in value mode 4 (64-byte rows, 8-byte reads) the four a half warp reads differ
+    in bits 0 and 2, π permuting each 8 as 0 3 1 2 4 7 5 6; in value mode 8 (128-byte rows, 16-byte reads)
+    the four a quarter warp reads (tokens r, r+2, r+4, r+6) differ in bits 1 and 2, π the identity."""
+    if V_MODE == 4:
+        return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
+    else:
+        return m
 
 
 @gluon.jit
@@ -294,18 +341,16 @@ def _tma_stage(
 
 @gluon.jit
 def _tma_unstage_tile(
-    k_read, parity, v_read, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr,
+    k_read, parity, v_read, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, V_MODE: gl.constexpr,
     K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
     """Wait for the warp's boxes (mbarrier phase `parity`), then read its pieces at the shared offsets k_read
-    [W, T, KW/4] and v_read [W, T, 8]: key words [W, T, KW], value words [W, T, 16]."""
+    [W, T, KW/4] and v_read [W, T, 8]: key words [W, T, KW], value words [W, T, 16 or 32]."""
     k_cons: gl.constexpr = _constraints("rrrr", "rr", KPT)
     k0, k1, k2, k3 = gl.inline_asm_elementwise(
         K_UNSTAGE, k_cons, [k_read, parity], (gl.int32,) * 4, False, KPT
     )
-    v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
-    v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_read], (gl.int32,) * 2, False, T // 4)
-    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), gl.reshape(gl.join(v0, v1), [W, T, 16])
+    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), _value_words(v_read, W, T, V_MODE, V_UNSTAGE)
 
 
 @gluon.jit
@@ -356,14 +401,14 @@ def _decode_lut_kernel(
     kn_ptr, skn_b, skn_o: gl.constexpr, skn_h: gl.constexpr,
     vp_ptr, svp_b, svp_o: gl.constexpr, svp_h: gl.constexpr,
     vn_ptr, svn_b, svn_o: gl.constexpr, svn_h: gl.constexpr,
-    lut_ptr,  # [256, 2] int32: the two tables' entries
+    lut_ptr,  # [256, 2] int32: the two tables' entries (the key table and the value table)
     k_map, v_map,  # TMA: global addresses of the caches' tensor maps (boxes of [1, rows, 1, Pk or Pv] bytes)
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
     po_ptr, pl_ptr,  # partial out [B, Hq, P, 128] f32 (natural order), partial lse [B, Hq, P] f32
     H, Hq, G, S, P, split_tokens, num_items, max_blocks, k_step,  # P: room for partials per head
     BLOCK_SIZE: gl.constexpr, BS_SHIFT: gl.constexpr,
-    K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_ASM: gl.constexpr,
-    K_BITS: gl.constexpr, V_BITS: gl.constexpr,  # packed widths (K_MODE 4: 1–4, 8 and 9: 5–8; values 1–4)
+    K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_MODE: gl.constexpr, V_ASM: gl.constexpr,
+    K_BITS: gl.constexpr, V_BITS: gl.constexpr,  # packed widths (mode 4: 1–4 bits, 8 and 9: 5–8)
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
     TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
@@ -372,6 +417,7 @@ def _decode_lut_kernel(
 ):  # fmt: skip
     D: gl.constexpr = 128
     KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
+    VW: gl.constexpr = 4 * V_MODE  # value words per token: 16 or 32
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8]
     )
@@ -381,7 +427,7 @@ def _decode_lut_kernel(
     KP: gl.constexpr = KW // 16  # 16-byte key pieces per thread and token
     KPT: gl.constexpr = KP * (T // 8)  # ... per thread
     # staged pieces: keys [W, T, KW/4], thread (g, t) holding MMA rows (tokens) g + 8i and pieces KP·t …;
-    # values [W, T, 8] (two words each), thread (g, t) holding tokens 2t, 2t+1 (+8i) and piece g
+    # values [W, T, 8] (VW/8 words each), thread (g, t) holding tokens 2t, 2t+1 (+8i) and piece g
     KC: gl.constexpr = gl.BlockedLayout([1, 1, KP], [1, 8, 4], [W, 1, 1], [2, 1, 0])
     VC: gl.constexpr = _value_piece_layout(W, T)
     FL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])  # table fill [64, 32]
@@ -390,7 +436,7 @@ def _decode_lut_kernel(
     # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
     # offset 0, then the staging slots, which only the staging PTX touches during an item and the combine
     # between items, then a last chunk (the mbarriers, the combine's log-sum-exps).
-    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE)
+    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE, V_MODE)
     gl.static_assert(SMEM % 8192 == 0)
     buf = gl.allocate_shared_memory(
         gl.int32, [SMEM // 8192, 64, 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -414,23 +460,23 @@ def _decode_lut_kernel(
     kc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, KC)))
     kc_m = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, KC)))
     kc_c = gl.arange(0, KW // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, KC)))
-    k_tok = kc_w[:, None] * T + _tile_perm(kc_m)[None, :]  # [W, T]
+    k_tok = kc_w[:, None] * T + _tile_perm(kc_m, V_MODE)[None, :]  # [W, T]
     k_word = 4 * kc_c[None, None, :]
     k_any = gl.full([W, T, KW // 4], 0, gl.int32, KC)
     vc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, VC)))
     vc_t = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, VC)))
     vc_c = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, VC)))
-    v_tok = vc_w[:, None] * T + _tile_perm(vc_t)[None, :]
-    v_word = 2 * vc_c[None, None, :]
+    v_tok = vc_w[:, None] * T + _tile_perm(vc_t, V_MODE)[None, :]
+    v_word = VW // 8 * vc_c[None, None, :]
     v_any = gl.full([W, T, 8], 0, gl.int32, VC)
     if TMA:
         # the boxes [W, 32] of ROWS tokens: lane j < R_BOX: key box j, R_BOX ≤ j < 2·R_BOX: value box j − R
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
         PK: gl.constexpr = 4 * KW  # a token's key slot (its value slots start at T·PK)
-        PKR: gl.constexpr = 16 * K_BITS  # a token's packed bytes: its row in the boxes
-        PVR: gl.constexpr = 16 * V_BITS
-        WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE)  # the PTX's too (its mbarriers follow)
+        PKR: gl.constexpr = 16 * K_BITS  # a token's packed bytes: its row in the boxes (≤ its slot)
+        PVR: gl.constexpr = 16 * V_BITS  # ... of values (≤ its value slot, 4·VW)
+        WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE, V_MODE)  # the PTX's too (mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
         bx_j = gl.arange(0, 32, layout=gl.SliceLayout(0, BXL))[None, :]
@@ -441,17 +487,19 @@ def _decode_lut_kernel(
         box_dst = gl.where(bx_j < 2 * R_BOX, LUT_BYTES + bx_w * WARP_BYTES + box_slot, -1)
         # the read-back offsets of the pieces the threads hold: the TMA swizzle undone (64- and 128-byte
         # rows), or (other widths, rows not swizzled) the byte of a piece's first field
-        k_pt = _tile_perm(kc_m)[None, :, None]
+        k_pt = _tile_perm(kc_m, V_MODE)[None, :, None]
         k_row = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PKR
         if PKR == PK:
             k_read = k_row + (kc_c[None, None, :] ^ ((k_pt >> 1) & 3 if K_MODE == 4 else k_pt & 7)) * 16
         else:  # a piece: 16 bytes of nibbles or bytes, 32 or 16 fields
             k_read = k_row + kc_c[None, None, :] * (PKR // 4 if K_MODE == 4 else PKR // 8)
-        v_pt = _tile_perm(vc_t)[None, :, None]
+        v_pt = _tile_perm(vc_t, V_MODE)[None, :, None]
         v_row = LUT_BYTES + vc_w[:, None, None] * WARP_BYTES + T * PK + v_pt * PVR
-        if V_BITS == 4:
+        if V_BITS == 4:  # 8-byte pieces of 64-byte rows
             v_chunk = (vc_c[None, None, :] >> 1) ^ ((v_pt >> 1) & 3)
             v_read = v_row + v_chunk * 16 + (vc_c[None, None, :] & 1) * 8
+        elif V_BITS == 8:  # 16-byte pieces of 128-byte rows
+            v_read = v_row + (vc_c[None, None, :] ^ (v_pt & 7)) * 16
         else:  # a piece: 16 fields
             v_read = v_row + vc_c[None, None, :] * (PVR // 8)
         per_thread(V_STAGE, threads)
@@ -517,8 +565,9 @@ def _decode_lut_kernel(
         for t0 in range(start, end, STEP):
             if TMA:  # wait for the phase of the last stage
                 kwords, vwords = _tma_unstage_tile(
-                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT
-                )
+                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, V_MODE, K_UNSTAGE, V_UNSTAGE,
+                    KPT,
+                )  # fmt: skip
                 _tma_stage(
                     t0 + STEP, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map,
                     BLOCK_SIZE, STEP, ROWS, PKR, PVR, K_STAGE,
@@ -526,7 +575,7 @@ def _decode_lut_kernel(
                 staged += 1
                 box_bid = _tile_blocks(t0 + 2 * STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
             else:
-                kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, K_UNSTAGE, V_UNSTAGE, KPT)
+                kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, V_MODE, K_UNSTAGE, V_UNSTAGE, KPT)
                 _stage_tile(
                     t0 + STEP, end, h, bid, k_tok, k_word, v_tok, v_word,
                     kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
@@ -550,7 +599,7 @@ def _decode_lut_kernel(
             l_i = l_i * alpha + gl.sum(p, axis=1)
             pw = gl.where(gl.expand_dims(sv, 2), p * gl.expand_dims(vn, 2), 0.0)
             p_op = gl.convert_layout(_p_operand(pw, W, T), OPB, assert_trivial=True)
-            v_op = gl.convert_layout(_v_operand(vwords, probe, W, T, V_ASM), OPA, assert_trivial=True)
+            v_op = gl.convert_layout(_v_operand(vwords, probe, W, T, V_MODE, V_ASM), OPA, assert_trivial=True)
             acc = mma_v2(v_op, p_op, acc * gl.expand_dims(alpha, 1))
             m_i = m_new
             kn, vn, sv = kn_next, vn_next, sv_next
@@ -562,9 +611,9 @@ def _decode_lut_kernel(
             lse, out = combine_warps(buf, lse_w, acc * gl.expand_dims(inv, 1), threads, W, SMEM, TMA)
             part = (b * Hq + h * G + o_n).to(gl.int64) * P + s  # [1, 8]
             gl.store(pl_ptr + part, lse, mask=o_n < G)
-            gl.store(po_ptr + part * D + _v_phys(o_r), out, mask=(o_n < G) & (o_r < D))  # [128, 8]
+            gl.store(po_ptr + part * D + _v_phys(o_r, V_MODE), out, mask=(o_n < G) & (o_r < D))  # [128, 8]
         else:  # each warp's own
             part = (b * Hq + h * G + m_n[None, :]).to(gl.int64) * P + s * W + m_w[:, None]  # [W, 8]
             gl.store(pl_ptr + part, lse_w, mask=n_mask[None, :])
-            o_ptrs = po_ptr + gl.expand_dims(part * D, 1) + _v_phys(m_r)[None, :, None]
+            o_ptrs = po_ptr + gl.expand_dims(part * D, 1) + _v_phys(m_r, V_MODE)[None, :, None]
             gl.store(o_ptrs, acc * gl.expand_dims(inv, 1), mask=n_mask[None, None, :])

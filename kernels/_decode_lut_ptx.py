@@ -2,6 +2,10 @@
 table and the staging of packed words through shared memory (uniform 8-bit keys: _tables.UNIFORM8_ASM).
 The CPU tests emulate the lookup text lane by lane and check the staging slots
 (tests/kernels/test_decode_lut_ptx.py).
+
+Modes: the key mode (4: nibble words, keys of 1–4 bits; 8: byte words, 5–8 bits; 9: uniform 8-bit keys by
+arithmetic) and the value mode (4: nibble words, values of 1–4 bits; 8: byte words, 5–8 bits) set the words
+a token's operand takes (16 or 32 per vector), hence its staging slots and the kernel's shared memory.
 """
 
 from __future__ import annotations
@@ -19,22 +23,27 @@ PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
 GRID_WAIT_ASM = "griddepcontrol.wait; mov.b32 $0, 0;"
 
 
-# A token's staging slot bytes, key + value, by key mode (both staging paths: 16 or 32 and 16 words).
-TOKEN_SLOT_BYTES = {4: 64 + 64, 8: 128 + 64, 9: 128 + 64}
+# A token's staging slot bytes (both staging paths), by key mode and by value mode: its 16 or 32 words.
+KEY_SLOT_BYTES = {4: 64, 8: 128, 9: 128}
+VALUE_SLOT_BYTES = {4: 64, 8: 128}
 
 
-def shared_bytes(warps: int, tile: int, key_mode: int) -> int:
+def shared_bytes(warps: int, tile: int, key_mode: int, value_mode: int) -> int:
     """The kernel's shared memory, in 8 KiB chunks: the table; each warp's staging of one tile (TMA or
     cp.async), the same bytes holding the warps' outputs (COMBINE_WARP_BYTES each) in the combine between
     items; a last chunk: the TMA path's mbarriers, then the combine's log-sum-exps at COMBINE_STATS_AT (the
-    kernel computes it as a constexpr function, which may call no other function)."""
-    slots = max(warps * tile * TOKEN_SLOT_BYTES[key_mode], warps * COMBINE_WARP_BYTES)
+    kernel computes it as a constexpr function, which may call no other function). At the default launch
+    (8 warps, 16-token tiles) 104 KiB for every mode: the combine's 32 KiB covers the largest staging (key
+    and value mode 8: 8 × 16 × 256 bytes), so two programs fit an H100/H200 SM's 228 KiB."""
+    token = KEY_SLOT_BYTES[key_mode] + VALUE_SLOT_BYTES[value_mode]
+    slots = max(warps * tile * token, warps * COMBINE_WARP_BYTES)
     return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
-def warp_slot_bytes(tile: int, key_mode: int) -> int:
-    """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES)."""
-    return tile * TOKEN_SLOT_BYTES[key_mode]
+def warp_slot_bytes(tile: int, key_mode: int, value_mode: int) -> int:
+    """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES): its key slots, then its
+    value slots."""
+    return tile * (KEY_SLOT_BYTES[key_mode] + VALUE_SLOT_BYTES[value_mode])
 
 
 def fill_asm(rows_per_thread: int) -> str:
@@ -93,6 +102,18 @@ def v4_asm(offset: int) -> str:
 
 
 @functools.cache
+def v8_asm(offset: int) -> str:
+    """The same word of 8-bit value indices of tokens 2t ($4; $5 the same) and 2t+1 ($6; $7 the same; $8,
+    $9: the probe, unused) → packed float16 pairs $0 … $3, output b holding (token 2t, token 2t+1) of byte
+    b: one lookup per token in the table's low halves, the two centroids packed by prmt."""
+    lines = ["{", *_lane_prologue(), ".reg .b32 y;"]
+    for b in range(4):
+        lines += [*_lookup("$4", b, offset, "x"), *_lookup("$6", b, offset, "y")]
+        lines.append(f"prmt.b32 ${b}, x, y, 0x5410;")
+    return " ".join([*lines, "}"])
+
+
+@functools.cache
 def k8_asm(offset: int) -> str:
     """One word of 8-bit key indices ($2; $3: the same word, $4, $5: the probe, unused) → packed float16
     pairs $0 (centroids of bytes 0, 1) and $1 (bytes 2, 3), from the table's low halves."""
@@ -144,31 +165,31 @@ def _unstage_asm(start: int, size: int, pieces: int, warp_bytes: int, wait: bool
 
 
 @functools.cache
-def staging_asm(tile: int, key_mode: int) -> tuple[str, str, str, str]:
+def staging_asm(tile: int, key_mode: int, value_mode: int) -> tuple[str, str, str, str]:
     """(key stage, value stage, key unstage, value unstage) PTX for `tile`-token tiles: 16-byte key pieces
-    ((tile/8)·(1 or 2) per thread), 8-byte value pieces (tile/4 per thread)."""
-    kp, vp = tile // 8 * (1 if key_mode == 4 else 2), tile // 4
+    ((tile/8)·(1 or 2) per thread), 8- or 16-byte value pieces (value mode 4 or 8; tile/4 per thread)."""
+    kp, vp, vsize = tile // 8 * (1 if key_mode == 4 else 2), tile // 4, 2 * value_mode
     key_bytes = kp * 32 * 16
-    warp_bytes = warp_slot_bytes(tile, key_mode)
+    warp_bytes = warp_slot_bytes(tile, key_mode, value_mode)
     return (
         _stage_asm(0, 16, kp, warp_bytes, commit=False),
-        _stage_asm(key_bytes, 8, vp, warp_bytes, commit=True),
+        _stage_asm(key_bytes, vsize, vp, warp_bytes, commit=True),
         _unstage_asm(0, 16, kp, warp_bytes, wait=True),
-        _unstage_asm(key_bytes, 8, vp, warp_bytes, wait=False),
+        _unstage_asm(key_bytes, vsize, vp, warp_bytes, wait=False),
     )
 
 
 # TMA staging (sm_90+): each warp's tiles arrive as TMA boxes (one block piece of one kv head: R = min(block
 # size, tile) tokens × the packed bytes), issued by lane j for box j, completing on the warp's mbarrier;
 # every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
-# bytes at m·Pk), then its value boxes (at tile·Pk + m·Pv), each row's 16-byte chunks swizzled by the TMA
-# (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7)). The mbarriers
-# (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
+# bytes at m·Pk), then its value boxes (at tile·Sk + m·Pv; Sk: a token's key slot), each row's 16-byte
+# chunks swizzled by the TMA (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at
+# c ^ (m & 7)). The mbarriers (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
 
 
-def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
+def _mbarrier(warps: int, tile: int, key_mode: int, value_mode: int) -> list[str]:
     """m ← the shared address of this warp's mbarrier; s ← global_smem."""
-    start = shared_bytes(warps, tile, key_mode) - 8192
+    start = shared_bytes(warps, tile, key_mode, value_mode) - 8192
     return [
         "mov.u32 s, global_smem;", "mov.u32 m, %tid.x;", "shr.u32 m, m, 5;", "shl.b32 m, m, 3;",
         "add.u32 m, m, s;", f"add.u32 m, m, {start};",
@@ -176,23 +197,24 @@ def _mbarrier(warps: int, tile: int, key_mode: int) -> list[str]:
 
 
 @functools.cache
-def tma_init_asm(warps: int, tile: int, key_mode: int) -> str:
+def tma_init_asm(warps: int, tile: int, key_mode: int, value_mode: int) -> str:
     """Lane 0 of each warp initialises its mbarrier for 32 arrivals, then the warp syncs ($0: unused)."""
     return " ".join([
-        "{", ".reg .b32 s, m, l;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode),
+        "{", ".reg .b32 s, m, l;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode, value_mode),
         "mov.u32 l, %laneid;", "setp.eq.u32 p, l, 0;", "@p mbarrier.init.shared::cta.b64 [m], 32;",
         "fence.mbarrier_init.release.cluster;", "bar.warp.sync -1;", "mov.b32 $0, 0;", "}",
     ])  # fmt: skip
 
 
 @functools.cache
-def tma_stage_asm(warps: int, tile: int, key_mode: int) -> str:
+def tma_stage_asm(warps: int, tile: int, key_mode: int, value_mode: int) -> str:
     """One lane's TMA box of a tile and its arrival on the warp's mbarrier expecting the box's bytes ($1: the
     tensor map's global address; $2, $3, $4: the box's head, offset in its block and block coordinates;
     $5: its shared offset from global_smem; $6: its bytes, 0 for no box; $0: unused). The proxy fence and
     the warp sync order every lane's earlier reads of the slots before the boxes overwrite them."""
     return " ".join([
-        "{", ".reg .b32 s, m, x, z;", ".reg .pred p;", ".reg .b64 st;", *_mbarrier(warps, tile, key_mode),
+        "{", ".reg .b32 s, m, x, z;", ".reg .pred p;", ".reg .b64 st;",
+        *_mbarrier(warps, tile, key_mode, value_mode),
         "fence.proxy.async.shared::cta;", "bar.warp.sync -1;", "mov.u32 z, 0;",
         "mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], $6;", "setp.ne.u32 p, $6, 0;",
         "add.u32 x, $5, s;",
@@ -202,43 +224,46 @@ def tma_stage_asm(warps: int, tile: int, key_mode: int) -> str:
     ])  # fmt: skip
 
 
-def native_bits(key_mode: int) -> int:
-    """The width whose packed words a key mode's operand takes as they are: 4 (nibbles) or 8 (bytes)."""
-    return 4 if key_mode == 4 else 8
+def native_bits(mode: int) -> int:
+    """The width whose packed words a key or value mode's operand takes as they are: 4 (nibbles) or 8
+    (bytes)."""
+    return 4 if mode == 4 else 8
 
 
 @functools.cache
 def tma_unstage_asm(
-    warps: int, tile: int, key_mode: int, k_bits: int | None = None, v_bits: int = 4
+    warps: int, tile: int, key_mode: int, value_mode: int, k_bits: int | None = None,
+    v_bits: int | None = None,
 ) -> tuple[str, str]:  # fmt: skip
     """(keys, values) read-back PTX. Keys: waits for the phase of parity $5n of this warp's mbarrier, then
     reads piece p (16 bytes of the key mode's words) at shared offset $4n + p into $p, $n + p, $2n + p,
-    $3n + p (n: key pieces per thread). Values: piece p (8 bytes of 4-bit words) at offset $2n + p into
-    $p, $n + p (n: value pieces per thread); no wait (the keys' wait covers the tile). Offsets are from
-    global_smem. Widths other than the mode's own (k_bits, v_bits): each piece's packed bits are read from
-    the byte offset of its first field and spread into the words the mode takes (spread_piece_asm)."""
-    k_bits = native_bits(key_mode) if k_bits is None else k_bits
+    $3n + p (n: key pieces per thread). Values: piece p (8 bytes of nibble words in value mode 4, 16 bytes
+    of byte words in value mode 8) at offset $2n + p into $p, $n + p, or at $4n + p into $p … $3n + p
+    (n: value pieces per thread); no wait (the keys' wait covers the tile). Offsets are from global_smem.
+    Widths other than the mode's own (k_bits, v_bits; None: the mode's own): each piece's packed bits are
+    read from the byte offset of its first field and spread into the words the mode takes
+    (spread_piece_asm)."""
     n = (1 if key_mode == 4 else 2) * tile // 8
-    keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode),
+    keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode, value_mode),
             "WAIT_${:uid}:", f"mbarrier.try_wait.parity.shared::cta.b64 p, [m], ${5 * n};",
             "@!p bra WAIT_${:uid};"]  # fmt: skip
-    if k_bits == native_bits(key_mode):
-        for p in range(n):
-            regs = ", ".join(f"${k * n + p}" for k in range(4))
-            keys += [f"add.u32 b, ${4 * n + p}, s;", f"ld.shared.v4.b32 {{{regs}}}, [b];"]
-    else:
-        fields = 8 if key_mode == 4 else 4
-        outputs = [[f"${k * n + p}" for k in range(4)] for p in range(n)]
-        keys.append(spread_piece_asm(k_bits, fields, n, outputs, [f"${4 * n + p}" for p in range(n)]))
-    n = tile // 4
+    keys += _read_pieces(key_mode, k_bits, n, 4)
     values = ["{", ".reg .b32 s, b;", "mov.u32 s, global_smem;"]
-    if v_bits == 4:
-        for p in range(n):
-            values += [f"add.u32 b, ${2 * n + p}, s;", f"ld.shared.v2.b32 {{${p}, ${n + p}}}, [b];"]
-    else:
-        values.append(spread_piece_asm(v_bits, 8, n, [[f"${p}", f"${n + p}"] for p in range(n)],
-                                       [f"${2 * n + p}" for p in range(n)]))  # fmt: skip
+    values += _read_pieces(value_mode, v_bits, tile // 4, value_mode // 2)
     return " ".join([*keys, "}"]), " ".join([*values, "}"])
+
+
+def _read_pieces(mode: int, bits: int | None, n: int, words: int) -> list[str]:
+    """Read back n pieces of `words` words of a mode's operand words (s: global_smem set): piece p from
+    shared offset ${words·n + p} into $p, $n + p, …; widths other than the mode's own spread."""
+    outputs = [[f"${k * n + p}" for k in range(words)] for p in range(n)]
+    offsets = [f"${words * n + p}" for p in range(n)]
+    if bits is None or bits == native_bits(mode):
+        lines = []
+        for out, offset in zip(outputs, offsets, strict=True):
+            lines += [f"add.u32 b, {offset}, s;", f"ld.shared.v{words}.b32 {{{', '.join(out)}}}, [b];"]
+        return lines
+    return [spread_piece_asm(bits, 8 if mode == 4 else 4, n, outputs, offsets)]
 
 
 # Widths other than 4 and 8 (packed bits of the natural bitstream: field j of a vector at bits j·b …) reach

@@ -7,6 +7,7 @@ and weighs 0.
 
 from __future__ import annotations
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
@@ -20,6 +21,11 @@ COMBINE_STATS_AT = gl.constexpr(_COMBINE_STATS_AT)
 PROXY_FENCE_ASM = gl.constexpr(_PROXY_FENCE_ASM)
 # A barrier of the program's threads: Gluon's thread_barrier (Triton 3.6), barrier() since (3.8 has no other).
 cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# Whether this Triton compiles combine_warps: its view of the warps' outputs reinterprets one 8 KiB chunk as
+# W / 2 of them, which Triton 3.6 takes and 3.8 refuses ("source and result must have the same logical
+# storage size"; the whole buffer has 13 chunks, no power of two to reinterpret at). Elsewhere the warps'
+# partials go through the merge (decode_lut.lut_combines).
+COMBINE_COMPILES = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 8)
 
 
 @gluon.jit

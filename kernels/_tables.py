@@ -254,13 +254,14 @@ _LUT_CACHE: dict[tuple, tuple[torch.Tensor, int, int]] = {}
 def decode_lut_table(
     k_codec: TurboQuantCodec, v_codec: TurboQuantCodec, key_mode: int, device: torch.device
 ) -> tuple[torch.Tensor, int, int]:
-    """The Gluon decode kernel's two tables as int32 [256, 2], and the byte offsets (0 or 128) of the key and
-    value tables in its shared-memory layout. Values: f16_pair_lut (1–4 bits). Keys: key_mode 4 (1–4 bits)
-    → f16_pair_lut (shared with the values when equal), 8 (5–8 bits) → f16_byte_lut, 9 (uniform 8-bit,
-    arithmetic) → none."""
+    """The Gluon decode kernel's two 256-entry tables as int32 [256, 2] (column 0: the value table, 1: the key
+    table, or the values' again), and the byte offsets (0 or 128) of the key and value tables in its
+    shared-memory layout. Values: 1–4 bits (value mode 4) → f16_pair_lut, 5–8 bits (value mode 8) →
+    f16_byte_lut. Keys: key_mode 4 (1–4 bits) → f16_pair_lut, 8 (5–8 bits) → f16_byte_lut, each sharing the
+    values' column when equal; 9 (uniform 8-bit, arithmetic) → none."""
     key = (k_codec.codec_id, v_codec.codec_id, key_mode, device)
     if key not in _LUT_CACHE:
-        v = f16_pair_lut(v_codec.codebook)
+        v = f16_pair_lut(v_codec.codebook) if v_codec.bits <= 4 else f16_byte_lut(v_codec.codebook)
         if key_mode == 4:
             k = f16_pair_lut(k_codec.codebook)
         elif key_mode == 8:

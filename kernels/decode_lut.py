@@ -4,6 +4,7 @@ DecodeLaunchConfig, passed to every function here.
 
 Provides:
     lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config) -> key mode or 0
+    lut_value_mode(v_bits) -> 4 or 8               the value mode (values of 1–4 bits or of 5–8)
     lut_serves(k_bits, v_bits, head_dim) -> bool   the widths the Gluon kernel is built for
     lut_partials(batch, num_kv_heads, max_tokens, device, config) -> partials per query head it needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
@@ -33,34 +34,42 @@ from ._tensor_map import box_map
 from .launch_config import DecodeLaunchConfig
 
 _LOG = logging.getLogger(__name__)
-HAVE_GLUON = False
+HAVE_GLUON = COMBINE_COMPILES = False
 if HAVE_TRITON:
     try:  # Gluon is experimental: a Triton without it (or with another API) keeps the Triton kernels
         from . import _decode_lut_kernel as _lut
+        from ._decode_lut_reduce import COMBINE_COMPILES
 
         HAVE_GLUON = True
     except (ImportError, AttributeError):
         pass
 
 
-NATIVE_WIDTHS = ((4, 4), (8, 4))  # (key bits, value bits) whose words the operands take as they are
+# (key bits, value bits) whose words the operands take as they are (nibbles or bytes)
+NATIVE_WIDTHS = ((4, 4), (8, 4), (4, 8), (8, 8))
 
 
 def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
-    """Whether the Gluon kernel is built for these widths and head_dim: keys of 1–8 bits and values of 1–4 at
-    head_dim 128 (other widths and head_dims decode on the Triton kernel, several times slower per byte on
-    an H200: benchmarks/decode_attention.py --widths). Widths other than NATIVE_WIDTHS need TMA (sm_90+)."""
-    return 1 <= k_bits <= 8 and 1 <= v_bits <= 4 and head_dim == 128
+    """Whether the Gluon kernel is built for these widths and head_dim: keys and values of 1–8 bits at
+    head_dim 128 (other head_dims decode on the Triton kernel). Widths other than NATIVE_WIDTHS need TMA
+    (sm_90+)."""
+    return 1 <= k_bits <= 8 and 1 <= v_bits <= 8 and head_dim == 128
+
+
+def lut_value_mode(v_bits: int) -> int:
+    """The Gluon kernel's value mode: 4 (nibble operands, values of 1–4 bits) or 8 (byte operands, 5–8)."""
+    return 4 if v_bits <= 4 else 8
 
 
 def lut_mode_of(
     query, k_packed, v_packed, k_codec, v_codec, group: int, block_size: int, config: DecodeLaunchConfig
 ) -> int:
     """The Gluon kernel's key mode where it applies (4: nibble operands, keys of 1–4 bits; 8: byte operands,
-    5–8 bits; 9: uniform 8-bit keys by arithmetic), else 0: config.lut_kernel, CUDA (sm_80+),
-    16-bit queries, lut_serves' widths, G ≤ 8, a power-of-two block size, and packed caches it can copy in
-    16-byte (keys) and 8-byte (values) pieces; widths off NATIVE_WIDTHS only with TMA staging (sm_90+,
-    16-byte aligned caches, config.lut_tma) and blocks of at least 8 tokens."""
+    5–8 bits; 9: uniform 8-bit keys by arithmetic), else 0; its value mode follows from the value width
+    (lut_value_mode). Where: config.lut_kernel, CUDA (sm_80+), 16-bit queries, lut_serves' widths, G ≤ 8, a
+    power-of-two block size, and packed caches it can copy in 16-byte (keys) and 8- or 16-byte (values of
+    value mode 4 or 8) pieces; widths off NATIVE_WIDTHS only with TMA staging (sm_90+, 16-byte aligned
+    caches, config.lut_tma) and blocks of at least 8 tokens."""
     if not (config.lut_kernel and HAVE_GLUON and query.is_cuda and not interpreting()):
         return 0
     if query.dtype not in (torch.float16, torch.bfloat16) or group > 8 or block_size & (block_size - 1):
@@ -69,7 +78,7 @@ def lut_mode_of(
         return 0
     if _capability(cuda_index(query.device)) < (8, 0):
         return 0
-    if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 8)):
+    if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 2 * lut_value_mode(v_codec.bits))):
         return 0
     spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS  # boxes of ≥ 8 rows: 128-byte aligned slots
     if spread and (block_size < 8 or not _use_tma(k_packed, v_packed, config)):
@@ -95,15 +104,17 @@ def _aligned_words(packed: torch.Tensor, align: int) -> bool:
 _REGISTERS_PER_SM = 65536  # every CUDA architecture the kernel runs on (sm_80+)
 
 
-def lut_programs_per_sm(device: torch.device, key_mode: int, config: DecodeLaunchConfig) -> int:
+def lut_programs_per_sm(
+    device: torch.device, key_mode: int, value_mode: int, config: DecodeLaunchConfig
+) -> int:
     """Programs of the Gluon kernel resident per SM: config.lut_programs_per_sm, or (None) as many as its
-    shared memory (64 KiB + warps · tile · 128 or 192 bytes, and 1 KiB reserved per program), registers
-    (lut_maxnreg, else 255) and warps allow."""
+    shared memory (_decode_lut_ptx.shared_bytes: 64 KiB + warps · tile · 128 to 256 bytes, and 1 KiB
+    reserved per program), registers (lut_maxnreg, else 255) and warps allow."""
     if config.lut_programs_per_sm is not None:
         return config.lut_programs_per_sm
     warps, tile = config.lut_warps, config.lut_tile
     smem_sm, threads_sm = _sm_limits(cuda_index(device))
-    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode) + 1024)
+    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode, value_mode) + 1024)
     regs = -(-(config.lut_maxnreg or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
     return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
 
@@ -143,9 +154,11 @@ def lut_splits(
 
 def lut_combines(max_tokens: int, splits: int, config: DecodeLaunchConfig) -> bool:
     """Whether the Gluon kernel combines its warps' partials into one per item (through shared memory, at
-    the item's end): where an item walks at most config.lut_combine_max_steps tile steps. The combine saves
-    per item the warps' partial writes and the merge's reads of them (see benchmarks/RESULTS.md)."""
-    return lut_item_steps(max_tokens, splits, config) <= config.lut_combine_max_steps
+    the item's end): where an item walks at most config.lut_combine_max_steps tile steps, on a Triton that
+    compiles the combine (_decode_lut_reduce.COMBINE_COMPILES: 3.6, not 3.8). The combine saves per item the
+    warps' partial writes and the merge's reads of them (see benchmarks/RESULTS.md)."""
+    steps = lut_item_steps(max_tokens, splits, config)
+    return COMBINE_COMPILES and steps <= config.lut_combine_max_steps
 
 
 def lut_item_steps(max_tokens: int, splits: int, config: DecodeLaunchConfig) -> int:
@@ -165,11 +178,11 @@ def lut_pdl(items: int, programs: int, steps: int, config: DecodeLaunchConfig) -
 def lut_partials(
     batch: int, num_kv_heads: int, max_tokens: int, device: torch.device, config: DecodeLaunchConfig
 ) -> int:
-    """Partials per query head of the Gluon kernel (per split: one, or one per warp), the most any key mode
-    needs; 0 where it cannot run."""
+    """Partials per query head of the Gluon kernel (per split: one, or one per warp), the most any key and
+    value mode needs; 0 where it cannot run."""
     if not (HAVE_GLUON and device.type == "cuda"):
         return 0
-    per_sm = {lut_programs_per_sm(device, mode, config) for mode in (4, 8, 9)}
+    per_sm = {lut_programs_per_sm(device, k, v, config) for k in (4, 8, 9) for v in (4, 8)}
     splits = (lut_splits(batch, num_kv_heads, max_tokens, device, n, config) for n in per_sm)
     return max(n if lut_combines(max_tokens, n, config) else n * config.lut_warps for n in splits)
 
@@ -185,7 +198,9 @@ def launch_lut(
     dev = query.device
     kt, vt = kernel_tables(k_codec, dev), kernel_tables(v_codec, dev)
     max_tokens = block_tables.shape[1] * block_size
-    per_sm = lut_programs_per_sm(dev, key_mode, config)
+    value_mode = lut_value_mode(v_codec.bits)
+    modes = (key_mode, value_mode)
+    per_sm = lut_programs_per_sm(dev, *modes, config)
     splits = lut_splits(batch, num_kv_heads, max_tokens, dev, per_sm, config)
     warps, tile = config.lut_warps, config.lut_tile
     step = warps * tile
@@ -201,19 +216,20 @@ def launch_lut(
     rotate_queries(q, kt.rot_t_bf16x3, workspace.q_rot_f16, scale, split16=True, pdl=pdl)
     table, k_off, v_off = decode_lut_table(k_codec, v_codec, key_mode, dev)
     k_asm = _lut.k4_asm(k_off) if key_mode == 4 else _lut.k8_asm(k_off) if key_mode == 8 else UNIFORM8_ASM
+    v_asm = _lut.v4_asm(v_off) if value_mode == 4 else _lut.v8_asm(v_off)
     kw, vw = k_packed.view(torch.int32), v_packed.view(torch.int32)
     use_tma = _use_tma(k_packed, v_packed, config)
     maps = _tensor_maps(k_packed, v_packed, min(block_size, tile)) if use_tma else None
     tma = maps is not None
     widths = (k_codec.bits, v_codec.bits)
     if tma:  # stage: the boxes, the mbarrier init, the key and value read-backs
-        init = _lut.tma_init_asm(warps, tile, key_mode)
-        unstage = _lut.tma_unstage_asm(warps, tile, key_mode, *widths)
-        stage = (_lut.tma_stage_asm(warps, tile, key_mode), init, *unstage)
+        init = _lut.tma_init_asm(warps, tile, *modes)
+        unstage = _lut.tma_unstage_asm(warps, tile, *modes, *widths)
+        stage = (_lut.tma_stage_asm(warps, tile, *modes), init, *unstage)
     elif widths not in NATIVE_WIDTHS:
         raise LutUnsupported(f"K{widths[0]}V{widths[1]} needs TMA staging, and the driver made no tensor map")
     else:
-        maps, stage = (0, 0), _lut.staging_asm(tile, key_mode)
+        maps, stage = (0, 0), _lut.staging_asm(tile, *modes)
     args = (
         workspace.q_rot_f16, kw, *kw.stride()[:3], k_norms, *k_norms.stride(),
         vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table, *maps,
@@ -223,13 +239,13 @@ def launch_lut(
     )  # fmt: skip
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
-        V_ASM=_lut.v4_asm(v_off), K_BITS=widths[0], V_BITS=widths[1], W=warps, T=tile, K_STAGE=stage[0],
+        V_MODE=value_mode, V_ASM=v_asm, K_BITS=widths[0], V_BITS=widths[1], W=warps, T=tile, K_STAGE=stage[0],
         V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, PDL=pdl,
         num_warps=warps, maxnreg=config.lut_maxnreg, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
-    shared = _lut.shared_bytes(warps, tile, key_mode)
+    shared = _lut.shared_bytes(warps, tile, *modes)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, partials, vt.rot, out, config)

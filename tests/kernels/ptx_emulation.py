@@ -38,13 +38,19 @@ def _cvt_rzi_u32(x: float) -> int:
     return int(min(max(np.trunc(np.float32(x)), 0.0), 2.0**32 - 1))
 
 
+def _address(operand: str, val) -> int:
+    """A shared-memory address operand `base` or `base+offset` (brackets stripped)."""
+    base, _, offset = operand.partition("+")
+    return val(base) + (int(offset, 0) if offset else 0)
+
+
 def run_ptx(
     asm: str, regs: dict, lane: int = 0, shared: np.ndarray | None = None, warp: int = 0,
     global_words: dict[int, int] | None = None,
 ) -> dict:  # fmt: skip
-    """One lane's run of a straight-line PTX block (immediates in hex or decimal; `shared`: the shared
-    memory as 32-bit words at global_smem; %tid.x = 32·warp + lane; `global_words`: global memory as
-    {byte address: 32-bit word}); 16-bit outputs `{$i, $j}` land as 16-bit values."""
+    """One lane's run of a straight-line PTX block, nested scopes flattened (immediates in hex or decimal;
+    `shared`: the shared memory as 32-bit words at global_smem; %tid.x = 32·warp + lane; `global_words`:
+    global memory as {byte address: 32-bit word}); 16-bit outputs `{$i, $j}` land as 16-bit values."""
     regs = dict(regs)
 
     def val(token: str) -> int:
@@ -52,7 +58,7 @@ def run_ptx(
         return regs[token] if token in regs else int(token, 0)
 
     for ins in asm.strip("{} ").split(";"):
-        ins = ins.strip()
+        ins = ins.strip().lstrip("{} ")  # nested scopes ({ … }) open or close before an instruction
         if not ins or ins.startswith(".reg"):
             continue
         op, rest = ins.split(None, 1)
@@ -61,6 +67,13 @@ def run_ptx(
             lo, hi = (h.strip() for h in halves.split(","))
             word = val(src.strip(", "))
             regs[lo], regs[hi] = word & 0xFFFF, word >> 16
+            continue
+        if op in ("ld.shared.v2.b32", "ld.shared.v4.b32"):  # ld.shared.vN.b32 {a, …}, [base(+offset)]
+            dests, source = rest.split("}")
+            address = _address(source.strip(", []"), val)
+            assert address % (4 * len(dests.split(","))) == 0
+            for k, dest in enumerate(d.strip() for d in dests.strip(" {").split(",")):
+                regs[dest] = int(shared[address // 4 + k])
             continue
         if op == "st.shared.v4.b32":  # st.shared.v4.b32 [base+offset], {a, b, c, d}
             target, values = rest.split("],")
@@ -85,8 +98,7 @@ def run_ptx(
         elif op == "cvt.rzi.u32.f32":
             regs[dest] = _cvt_rzi_u32(val(srcs[0]))
         elif op == "ld.shared.b32":
-            base, offset = srcs[0].strip("[]").split("+")
-            address = val(base) + int(offset, 0)
+            address = _address(srcs[0].strip("[]"), val)
             assert address % 4 == 0
             regs[dest] = int(shared[address // 4])
         else:

@@ -1,5 +1,6 @@
 """The Gluon decode kernel's inline PTX (which only a GPU runs), checked by emulating its text per lane:
-the shared-memory table lookups against the codebooks, the uniform 8-bit keys, and the Pᵀ packing."""
+the shared-memory table lookups against the codebooks, the uniform 8-bit keys, the Pᵀ packing, the staging
+slots and read-backs; and the value operand's relabelling, simulated in numpy."""
 
 import random
 import re
@@ -67,6 +68,26 @@ def test_v4_lookup_pairs_two_tokens_of_one_coordinate():
             assert halves(regs[f"${n}"]) == want
 
 
+@pytest.mark.parametrize("v_bits", [5, 6, 7, 8])
+@pytest.mark.parametrize("k_bits,key_mode", [(4, 4), (8, 8), (8, 9)])
+def test_v8_lookup_pairs_two_tokens_byte_centroids(v_bits, k_bits, key_mode):
+    """v8_asm: byte b of the same word of tokens 2t ($4) and 2t+1 ($6) → (c[index 2t], c[index 2t+1]), the
+    index in the byte's low v_bits bits (the bits above, garbage as spread slots leave them, select
+    nothing), from the value table next to each kind of key table."""
+    kc, vc = codec(128, k_bits, 1), codec(128, v_bits, 2)
+    shared, k_off, v_off = shared_table(kc, vc, key_mode)
+    assert v_off == 0 and k_off == (0 if key_mode == 9 or (key_mode == 8 and v_bits == 8) else 128)
+    cb, mask = f16_bits(vc.codebook), (1 << v_bits) - 1
+    asm = lut.v8_asm(v_off)
+    rng = random.Random(v_bits)
+    for i, wa in enumerate(WORDS):
+        wb, lane = rng.getrandbits(32), i % 32
+        regs = run_ptx(asm, {"$4": wa, "$5": wa, "$6": wb, "$7": wb, "$8": 0, "$9": 0}, lane, shared)
+        for b in range(4):  # byte b of the word = coordinate 4w + b, for token 2t (wa) and 2t+1 (wb)
+            want = (cb[(wa >> (8 * b)) & mask], cb[(wb >> (8 * b)) & mask])
+            assert halves(regs[f"${b}"]) == want
+
+
 def test_k8_lookup_and_uniform_keys():
     kc, vc = codec(128, 8, 1), codec(128, 4, 2)
     shared, k_off, _ = shared_table(kc, vc, 8)
@@ -89,6 +110,22 @@ def test_lut_tables_hold_float16_centroids():
     assert torch.equal(pair[:, 1], c4.codebook[e >> 4].half())
     byte = f16_byte_lut(c8.codebook).view(torch.int16).view(torch.float16).view(256, 2)
     assert torch.equal(byte[:, 0], c8.codebook.half())
+
+
+def test_lut_tables_by_value_mode():
+    """decode_lut_table: the value table is column 0 (pair table for 1–4 bits, byte table for 5–8), the key
+    table column 1, which repeats the values' where they are equal (the key offset then 0) or where uniform
+    8-bit keys need none."""
+    for v_bits in (3, 4, 5, 8):
+        vc = codec(128, v_bits, 2)
+        want_v = (f16_pair_lut if v_bits <= 4 else f16_byte_lut)(vc.codebook)
+        for kc, key_mode, want_k in [(codec(128, 4, 1), 4, f16_pair_lut(codec(128, 4, 1).codebook)),
+                                     (codec(128, 8, 1), 8, f16_byte_lut(codec(128, 8, 1).codebook)),
+                                     (codec(128, 8, 1), 9, want_v)]:  # fmt: skip
+            table, k_off, v_off = decode_lut_table(kc, vc, key_mode, torch.device("cpu"))
+            assert table.shape == (256, 2) and table.dtype == torch.int32
+            assert torch.equal(table[:, 0], want_v) and torch.equal(table[:, 1], want_k)
+            assert v_off == 0 and k_off == (0 if torch.equal(want_k, want_v) else 128)
 
 
 def test_pt_fragment_is_the_transposed_block():
@@ -163,55 +200,73 @@ def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
     return slots
 
 
-@pytest.mark.parametrize("tile,key_mode,warps", [(32, 4, 4), (32, 8, 8), (64, 4, 4), (64, 9, 8), (16, 4, 16)])
-def test_staging_slots_fit_and_never_overlap(tile, key_mode, warps):
+# tile, key mode, value mode, warps
+STAGING_CASES = [(32, 4, 4, 4), (32, 8, 4, 8), (64, 4, 4, 4), (64, 9, 4, 8), (16, 4, 4, 16), (16, 4, 8, 8),
+                 (16, 8, 8, 8), (32, 9, 8, 4), (64, 8, 8, 2), (16, 4, 8, 16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tile,key_mode,value_mode,warps", STAGING_CASES)
+def test_staging_slots_fit_and_never_overlap(tile, key_mode, value_mode, warps):
     """Each piece of every thread has its own slot past the table and inside the kernel's shared memory; the
-    copy and the read of a piece use the same slots; a warp's 32 lanes of one piece are contiguous."""
-    k_stage, v_stage, k_unstage, v_unstage = lut.staging_asm(tile, key_mode)
+    copy and the read of a piece use the same slots; a warp's 32 lanes of one piece are contiguous. Key
+    pieces: 16 bytes; value pieces: 8 bytes (value mode 4) or 16 (8)."""
+    k_stage, v_stage, k_unstage, v_unstage = lut.staging_asm(tile, key_mode, value_mode)
     assert staging_slots(k_stage, warps) == staging_slots(k_unstage, warps)
     assert staging_slots(v_stage, warps) == staging_slots(v_unstage, warps)
-    pieces = [(staging_slots(k_stage, warps), 16), (staging_slots(v_stage, warps), 8)]
+    v_size = 2 * value_mode
+    assert f"cp.async.{'cg' if v_size == 16 else 'ca'}.shared.global [b+0], [$" in v_stage
+    assert f"ld.shared.v{v_size // 4}.b32" in v_unstage
+    pieces = [(staging_slots(k_stage, warps), 16), (staging_slots(v_stage, warps), v_size)]
     assert len(pieces[0][0]) == warps * 32 * tile // 8 * (1 if key_mode == 4 else 2)
     assert len(pieces[1][0]) == warps * 32 * tile // 4
-    covered = np.zeros(lut.shared_bytes(warps, tile, key_mode), dtype=np.int64)
+    covered = np.zeros(lut.shared_bytes(warps, tile, key_mode, value_mode), dtype=np.int64)
     for slots, size in pieces:
         for (w, lane, p), start in slots.items():
             assert start % size == 0 and start >= lut.LUT_BYTES.value
             covered[start : start + size] += 1
             if lane:
                 assert start == slots[(w, lane - 1, p)] + size
-    slot_end = lut.LUT_BYTES.value + warps * tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    token_bytes = (16 if key_mode == 4 else 32) * 4 + 4 * value_mode * 4
+    slot_end = lut.LUT_BYTES.value + warps * tile * token_bytes
     assert (covered[lut.LUT_BYTES.value : slot_end] == 1).all()  # the staging fills its part exactly once
     assert not covered[slot_end:].any() and slot_end <= len(covered) - 8192  # and leaves the last chunk
 
 
+# tile, key mode, value mode, warps
+REGION_CASES = [(16, 4, 4, 8), (16, 8, 4, 8), (32, 4, 4, 4), (32, 9, 4, 2), (16, 4, 4, 16), (16, 4, 8, 8),
+                (16, 8, 8, 8), (16, 9, 8, 16), (32, 8, 8, 4), (64, 4, 8, 2)]  # fmt: skip
+
+
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("tile,key_mode,warps", [(16, 4, 8), (16, 8, 8), (32, 4, 4), (32, 9, 2), (16, 4, 16)])
-def test_shared_regions_stay_apart(tma, tile, key_mode, warps):
+@pytest.mark.parametrize("tile,key_mode,value_mode,warps", REGION_CASES)
+def test_shared_regions_stay_apart(tma, tile, key_mode, value_mode, warps):
     """The kernel's shared memory (8 KiB chunks): the table; the staging slots, whose bytes the combine of
     the warps' outputs reuses between items; the last chunk: each warp's mbarrier (TMA, placed by the PTX),
     then the combine's log-sum-exps. Nothing reaches past the buffer and the last chunk's parts do not
     overlap."""
-    smem = lut.shared_bytes(warps, tile, key_mode)
+    smem = lut.shared_bytes(warps, tile, key_mode, value_mode)
     assert smem % 8192 == 0
-    warp_slots = lut_ptx.warp_slot_bytes(tile, key_mode)  # both paths: 16 or 32 key and 16 value words
-    assert warp_slots == tile * ((16 if key_mode == 4 else 32) + 16) * 4
+    warp_slots = lut_ptx.warp_slot_bytes(tile, key_mode, value_mode)  # both paths: 16 or 32 words each
+    assert warp_slots == tile * ((16 if key_mode == 4 else 32) + 4 * value_mode) * 4
     slots_end = lut_ptx.LUT_BYTES + warps * max(warp_slots, lut_ptx.COMBINE_WARP_BYTES)
     last = smem - 8192
     assert slots_end <= last
     stats = last + lut_ptx.COMBINE_STATS_AT  # log-sum-exps: 8 float32 per warp
     assert warps <= 16 and stats + warps * 32 <= smem
     if tma:
-        arithmetic = "; ".join(lut_ptx._mbarrier(warps, tile, key_mode))
+        arithmetic = "; ".join(lut_ptx._mbarrier(warps, tile, key_mode, value_mode))
         barriers = [run_ptx(arithmetic, {}, 0, warp=w)["m"] for w in range(warps)]
         assert barriers == [last + 8 * w for w in range(warps)] and barriers[-1] + 8 <= stats
 
 
 def test_default_launch_keeps_two_programs_per_hopper_sm():
-    """8 warps × 16-token tiles (the default) of every key mode fit twice into an H100/H200 SM's 228 KiB of
-    shared memory (1 KiB reserved per program)."""
+    """8 warps × 16-token tiles (the default) of every key and value mode: 104 KiB (the table, the 32 KiB
+    the combine needs, which holds the largest staging, 8 × 16 × 256 bytes, and the last chunk), twice into
+    an H100/H200 SM's 228 KiB of shared memory (1 KiB reserved per program)."""
     for key_mode in (4, 8, 9):
-        assert 2 * (lut.shared_bytes(8, 16, key_mode) + 1024) <= 228 * 1024
+        for value_mode in (4, 8):
+            assert lut.shared_bytes(8, 16, key_mode, value_mode) == 104 * 1024
+            assert 2 * (lut.shared_bytes(8, 16, key_mode, value_mode) + 1024) <= 228 * 1024
 
 
 # (items, programs, steps per item) → PDL-launched under lut_pdl_max_steps 8
@@ -228,9 +283,9 @@ def test_dependent_launch_setting():
         assert got == {case: want if limit == 8 else limit is None for case, want in PDL_CASES.items()}
 
 
-def _tile_perm(m: int) -> int:
-    """_decode_lut_kernel._tile_perm: the slot order of a tile's tokens."""
-    return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
+def _tile_perm(m: int, value_mode: int) -> int:
+    """The kernel's slot order of a tile's tokens (_decode_lut_kernel._tile_perm, run on ints)."""
+    return lut._tile_perm.fn(m, value_mode)
 
 
 def _tma_slot(row: int, chunk: int, row_bytes: int) -> int:
@@ -241,58 +296,176 @@ def _tma_slot(row: int, chunk: int, row_bytes: int) -> int:
     return address ^ ((address >> 3) & mask)
 
 
-@pytest.mark.parametrize("tile,key_mode", [(16, 4), (32, 4), (64, 4), (16, 8), (32, 9)])
-def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode):
+def _distinct_banks(addresses: list[int], width: int) -> bool:
+    """Whether accesses of `width` bytes at these addresses (one phase: 128 bytes in all) meet distinct
+    banks."""
+    return len({a % 128 // width for a in addresses}) == len(addresses) == 128 // width
+
+
+# tile, key mode, value mode
+TMA_READ_CASES = [(16, 4, 4), (32, 4, 4), (64, 4, 4), (16, 8, 4), (32, 9, 4), (16, 4, 8), (32, 4, 8),
+                  (16, 8, 8), (64, 9, 8)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tile,key_mode,value_mode", TMA_READ_CASES)
+def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode, value_mode):
     """The TMA path's read-back offsets (the kernel's k_read, v_read for one warp, relative to its slots)
     undo the swizzle: each thread's piece holds the bytes of the token and chunk its operand fragment needs;
-    the 16-byte key reads of each quarter warp and the 8-byte value reads of each half warp meet distinct
-    banks; every token's slot lies inside the warp's bytes."""
-    key_bytes = 64 if key_mode == 4 else 128
+    the 16-byte key reads of each quarter warp, the 8-byte value reads of each half warp (value mode 4) and
+    the 16-byte value reads of each quarter warp (value mode 8) meet distinct banks; every token's slot lies
+    inside the warp's bytes."""
+    key_bytes, value_bytes = (64 if key_mode == 4 else 128), 16 * value_mode
     kp = key_bytes // 64  # 16-byte key pieces per thread and token
-    assert lut.shared_bytes(4, tile, key_mode) >= lut.LUT_BYTES.value + 4 * (tile * (key_bytes + 64) + 8)
+    warp_bytes = tile * (key_bytes + value_bytes)
+    assert lut.shared_bytes(4, tile, key_mode, value_mode) >= lut.LUT_BYTES.value + 4 * (warp_bytes + 8)
+    perm = [_tile_perm(m, value_mode) for m in range(tile)]
+    assert sorted(perm) == list(range(tile))
+    key_reads, value_reads = {}, {}  # (lane, register) → byte offset in the key or value slots
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for i in range(tile // 8):
-            token = _tile_perm(g + 8 * i)
+            token = perm[g + 8 * i]
             for sub in range(kp):
                 chunk = kp * t + sub
                 swz = (token >> 1) & 3 if key_mode == 4 else token & 7
-                read = token * key_bytes + (chunk ^ swz) * 16  # k_read
-                assert read == _tma_slot(token, chunk, key_bytes)
+                key_reads[lane, kp * i + sub] = token * key_bytes + (chunk ^ swz) * 16  # k_read
+                assert key_reads[lane, kp * i + sub] == _tma_slot(token, chunk, key_bytes)
             for r in range(2):
-                token = _tile_perm(2 * t + r + 8 * i)
-                v_chunk = (g >> 1) ^ ((token >> 1) & 3)
-                read = token * 64 + v_chunk * 16 + (g & 1) * 8  # v_read, from the value slots
-                assert read == _tma_slot(token, g >> 1, 64) + (g & 1) * 8
-    for i in range(tile // 8):
-        for sub in range(kp):  # quarter warps: 8 lanes × 16 bytes
-            for quarter in range(4):
-                banks = set()
-                for lane in range(8 * quarter, 8 * quarter + 8):
-                    token, chunk = _tile_perm(lane // 4 + 8 * i), kp * (lane % 4) + sub
-                    banks.add(_tma_slot(token, chunk, key_bytes) % 128 // 16)
-                assert len(banks) == 8
-        for r in range(2):  # half warps: 16 lanes × 8 bytes
-            for half in range(2):
-                banks = set()
-                for lane in range(16 * half, 16 * half + 16):
-                    g, t = lane // 4, lane % 4
-                    token = _tile_perm(2 * t + r + 8 * i)
-                    banks.add((_tma_slot(token, g >> 1, 64) + (g & 1) * 8) % 128 // 8)
-                assert len(banks) == 16
-    assert sorted(_tile_perm(m) for m in range(tile)) == list(range(tile))
+                token = perm[2 * t + r + 8 * i]
+                if value_mode == 4:  # v_read: 8-byte pieces, half a 16-byte chunk
+                    read = token * 64 + ((g >> 1) ^ ((token >> 1) & 3)) * 16 + (g & 1) * 8
+                    assert read == _tma_slot(token, g >> 1, 64) + (g & 1) * 8
+                else:  # v_read: 16-byte pieces, chunk g
+                    read = token * 128 + (g ^ (token & 7)) * 16
+                    assert read == _tma_slot(token, g, 128)
+                value_reads[lane, r + 2 * i] = read
+    for p in range(kp * tile // 8):  # quarter warps: 8 lanes × 16 bytes
+        for quarter in range(4):
+            assert _distinct_banks([key_reads[lane, p] for lane in range(8 * quarter, 8 * quarter + 8)], 16)
+    for p in range(tile // 4):  # 8-byte reads: half warps of 16 lanes; 16-byte reads: quarter warps
+        lanes = 64 // value_mode
+        for part in range(32 // lanes):
+            reads = [value_reads[lane, p] for lane in range(lanes * part, lanes * part + lanes)]
+            assert _distinct_banks(reads, 2 * value_mode)
+    assert max(key_reads.values()) < tile * key_bytes and max(value_reads.values()) < tile * value_bytes
 
 
-def test_tma_stage_text_arrives_once_and_copies_one_box():
+@pytest.mark.parametrize("v_bits", [5, 6, 7, 8])
+@pytest.mark.parametrize("tile", [16, 32])
+def test_value_mode_8_read_back_gives_each_thread_its_byte_words(v_bits, tile):
+    """The value read-back PTX of value mode 8 (tma_unstage_asm), run for every lane of a warp over value
+    boxes laid out as the TMA writes them (128-byte rows swizzled, other rows packed unswizzled) at the
+    kernel's v_read offsets: register (k, p) of thread (g, t) is word 4g + k of its p-th token
+    (2t + (p & 1) + 8·(p >> 1), slot π of it) as 8-bit packing would hold it: coordinate 16g + 4k + b's
+    index in the low v_bits bits of byte b (widths 5–7 spread into byte slots)."""
+    rng = np.random.default_rng(v_bits * 100 + tile)
+    row_bytes, n = 16 * v_bits, tile // 4
+    idx = torch.from_numpy(rng.integers(0, 1 << v_bits, (tile, 128)))
+    rows = pack_indices(idx, v_bits).numpy().reshape(tile, row_bytes)  # slot row m: tile token m
+    base = lut.LUT_BYTES.value + tile * 64  # warp 0's value slots in key mode 4
+    image = bytearray(rng.integers(0, 256, base + tile * 128 + 64, dtype=np.uint8).tobytes())
+    for m in range(tile):
+        for byte in range(row_bytes):
+            at = _tma_slot(m, byte // 16, 128) + byte % 16 if row_bytes == 128 else m * row_bytes + byte
+            image[base + at] = rows[m, byte]
+    shared = np.frombuffer(bytes(image), dtype="<u4").astype(np.int64)
+    _, values = lut.tma_unstage_asm(4, tile, 4, 8, 4, v_bits)
+    mask = (1 << v_bits) - 1
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        slots = [_tile_perm(2 * t + (p & 1) + 8 * (p >> 1), 8) for p in range(n)]
+        if v_bits == 8:  # v_read
+            offsets = [base + m * 128 + (g ^ (m & 7)) * 16 for m in slots]
+        else:
+            offsets = [base + m * row_bytes + g * (row_bytes // 8) for m in slots]
+        regs = run_ptx(values, {f"${4 * n + p}": offsets[p] for p in range(n)}, lane, shared)
+        for p, m in enumerate(slots):
+            for k in range(4):
+                word = regs[f"${k * n + p}"]
+                got = [(word >> (8 * b)) & mask for b in range(4)]
+                assert got == [int(idx[m, 16 * g + 4 * k + b]) for b in range(4)], (lane, p, k)
+                if v_bits == 8:  # the bytes as they are
+                    assert word.to_bytes(4, "little") == bytes(rows[m, 16 * g + 4 * k : 16 * g + 4 * k + 4])
+
+
+def _join(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """gl.join: a new minor axis of size 2, (a, b)."""
+    return np.stack([a, b], axis=-1)
+
+
+def _piece_lanes(tile: int) -> np.ndarray:
+    """The lane holding each value piece [T, 8] of a warp, by the kernel's _value_piece_layout."""
+    layout = lut._value_piece_layout(1, tile)
+    lanes = np.full((tile, 8), -1)
+    for lane in range(32):
+        for reg in range(1 << len(layout.reg_bases)):
+            at = np.zeros(3, dtype=np.int64)
+            for bit, basis in enumerate(layout.lane_bases):
+                at ^= np.array(basis) * ((lane >> bit) & 1)
+            for bit, basis in enumerate(layout.reg_bases):
+                at ^= np.array(basis) * ((reg >> bit) & 1)
+            assert lanes[at[1], at[2]] in (-1, lane)
+            lanes[at[1], at[2]] = lane
+    return lanes
+
+
+def _v_operand_replay(value_mode: int, tile: int) -> tuple[np.ndarray, ...]:
+    """_decode_lut_kernel._v_operand (one warp) replayed in numpy on labels of the staged value words
+    [1, T, VW]: its reshapes, permutes, split and joins as they are, its lookups as what they mean (output
+    n, element j: field n, nibble or byte, of the word of token 2i + j, in the thread of that word). For each
+    element of V̂ᵀ [128, T]: (token, natural coordinate, lane)."""
+    vw, fields = 4 * value_mode, 32 // value_mode
+    token, word = np.meshgrid(np.arange(tile), np.arange(vw), indexing="ij")
+    lane = _piece_lanes(tile)[token, word // (vw // 8)]
+    code = ((token * vw + word) * 32 + lane)[None]  # [1, T, VW]
+    pairs = np.transpose(code.reshape(1, tile // 2, 2, vw), (0, 1, 3, 2))
+    wa, wb = (pairs[..., k].reshape(1, tile // 2, *[2] * (vw.bit_length() - 1)) for k in range(2))
+    a, b = _join(wa, wa), _join(wb, wb)
+    assert (a % 32 == b % 32).all()  # the two tokens of a pair in one thread
+    j = np.arange(2)
+    o = [np.where(j == 0, a, b) * fields + n for n in range(fields)]  # the lookups' outputs
+    if value_mode == 4:
+        x = _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
+        axes = lut.V4_AXES.value
+    else:
+        x = _join(_join(o[0], o[1]), _join(o[2], o[3]))
+        axes = lut.V8_AXES.value
+    x = np.transpose(x, axes).reshape(128, tile)
+    field, x = x % fields, x // fields
+    lane, x = x % 32, x // 32
+    token, word = x // vw, x % vw
+    return token, word * fields + field, lane
+
+
+@pytest.mark.parametrize("value_mode", [4, 8])
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_value_operand_relabelling_is_operand_a_fragment(value_mode, tile):
+    """V̂ᵀ as _v_operand builds it: column m holds token m; row r holds natural coordinate _v_phys(r), a
+    one-to-one map of 0 … 127 (the partial outputs are stored through it); and the thread holding element
+    (r, m) is lane 4·(r mod 8) + (m mod 8) / 2, mma.m16n8k16's operand-A fragment (rows g, g + 8 and
+    columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 16 × 16 block to lane 4g + t), so the conversion to the
+    dot-operand layout moves no data (the kernel asserts it trivial)."""
+    token, coordinate, lane = _v_operand_replay(value_mode, tile)
+    rows, cols = np.meshgrid(np.arange(128), np.arange(tile), indexing="ij")
+    assert (token == cols).all()
+    phys = np.array([lut._v_phys.fn(r, value_mode) for r in range(128)])
+    assert sorted(phys) == list(range(128))
+    assert (coordinate == phys[:, None]).all()
+    assert (lane == 4 * (rows % 8) + (cols % 8) // 2).all()
+
+
+@pytest.mark.parametrize("value_mode", [4, 8])
+def test_tma_stage_text_arrives_once_and_copies_one_box(value_mode):
     """One arrival per lane per tile (the mbarrier counts 32), one predicated box, after the proxy fence."""
-    stage = lut.tma_stage_asm(8, 16, 4)
+    stage = lut.tma_stage_asm(8, 16, 4, value_mode)
     assert stage.count("mbarrier.arrive.expect_tx") == 1 and stage.count("cp.async.bulk.tensor") == 1
     assert stage.index("fence.proxy.async") < stage.index("cp.async.bulk.tensor")
-    assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4)
+    assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4, value_mode)
 
 
-# (bits, words per piece, fields per word): keys of 1–3 bits as nibble words (key mode 4), 5–7 bits as byte
-# words (mode 8), values of 1–3 bits as nibble words
+# (bits, words per piece, fields per word): keys of 1–3 bits as nibble words (key mode 4), keys and values
+# of 5–7 bits as byte words (key and value mode 8: pieces of 4 words), values of 1–3 bits as nibble words
+# (value mode 4: pieces of 2 words)
 SPREAD_CASES = [
     (1, 4, 8),
     (2, 4, 8),
@@ -386,7 +559,11 @@ def test_masked_tables_repeat_every_codebook():
         f16_pair_lut(codec(128, 5, 1).codebook)
 
 
-def test_gluon_serves_every_key_width_with_values_up_to_four_bits():
-    assert all(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(1, 5))
-    assert not any(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(5, 9))
-    assert not decode_lut.lut_serves(4, 4, 64)
+def test_gluon_serves_every_key_and_value_width():
+    """Keys and values of 1–8 bits at head_dim 128 (value mode 4 for 1–4 bits, 8 for 5–8), nothing else;
+    the native widths, which need no TMA, are the 4- and 8-bit pairs."""
+    assert all(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(1, 9))
+    assert not any(decode_lut.lut_serves(k, v, 128) for k, v in [(0, 4), (4, 0), (9, 4), (4, 9)])
+    assert not decode_lut.lut_serves(4, 4, 64) and not decode_lut.lut_serves(4, 8, 256)
+    assert [decode_lut.lut_value_mode(v) for v in range(1, 9)] == [4] * 4 + [8] * 4
+    assert sorted(decode_lut.NATIVE_WIDTHS) == [(4, 4), (4, 8), (8, 4), (8, 8)]

@@ -216,36 +216,39 @@ LUT_KEYS = {(4, "lloyd"): 4, (8, "lloyd"): 8, (8, "uniform"): 9}  # key (bits, c
 
 @pytest.mark.parametrize("config", LUT_CONFIGS)
 @pytest.mark.parametrize("key", list(LUT_KEYS))
+@pytest.mark.parametrize("v_bits", [4, 8])  # value modes 4 and 8 at their native widths
 @pytest.mark.parametrize("block_size,group", [(16, 4), (32, 1), (16, 8)])
-def test_decode_gpu_gluon_kernel(config, key, block_size, group):
+def test_decode_gpu_gluon_kernel(config, key, v_bits, block_size, group):
     """The Gluon kernel against the float64 reference; the call must really take it (key mode checked)."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     launch = replace(DecodeLaunchConfig(), **config)
     for dtype in (torch.bfloat16, torch.float16):
-        args = lut_case(key, block_size, group, dtype, [1, 17, 333, 4099, 64], seed=block_size + group)
+        lens, seed = [1, 17, 333, 4099, 64], block_size + group + v_bits
+        args = lut_case(key, block_size, group, dtype, lens, seed=seed, v_bits=v_bits)
         mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size, launch)
         assert mode == LUT_KEYS[key]
         out = torch.full_like(args[0], float("nan"))
         tq_decode_attention(*args, out=out, config=launch)
-        assert not decode_lut.lut_compile_failed(args[0].device, launch)  # it did not fall back
+        assert not decode_lut.lut_compile_failed(args[0].device, launch, (key[0], v_bits))  # no fallback
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= 1e-2, dtype
 
 
-EVERY_WIDTH = [(k, v) for k in range(1, 9) for v in range(1, 5)]
+EVERY_WIDTH = [(k, v) for k in range(1, 9) for v in range(1, 9)]
 
 
 @pytest.mark.parametrize("k_bits,v_bits", EVERY_WIDTH)
 def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits):
-    """Every width the Gluon kernel serves (keys 1–8 bits, values 1–4) against the float64 reference, forced
-    onto it at a small shape (block sizes 16 and 32, G 4 and 1, float16 and bfloat16); widths other than
-    K4V4 and K8V4 spread their packed bits into its 4- and 8-bit words and need TMA staging (sm_90+)."""
+    """Every width the Gluon kernel serves (keys and values of 1–8 bits) against the float64 reference,
+    forced onto it at a small shape (block sizes 16 and 32, G 4 and 1, float16 and bfloat16); widths other
+    than its native K4V4, K8V4, K4V8 and K8V8 spread their packed bits into its 4- and 8-bit words and need
+    TMA staging (sm_90+)."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     native = (k_bits, v_bits) in decode_lut.NATIVE_WIDTHS
     if not native and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("widths other than K4V4 and K8V4 take the Gluon kernel on sm_90+ only")
+        pytest.skip("widths other than K4V4, K8V4, K4V8 and K8V8 take the Gluon kernel on sm_90+ only")
     launch = DecodeLaunchConfig(lut_min_work=0)
     for (block_size, group), dtype in zip([(16, 4), (32, 1)], [torch.bfloat16, torch.float16], strict=True):
         lens, seed = [1, 17, 333, 1030], k_bits * 8 + v_bits
@@ -257,9 +260,10 @@ def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits):
         assert not decode_lut.lut_compile_failed(args[0].device, launch, (k_bits, v_bits))
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= 1e-2, (block_size, group, dtype)
-    if not native:  # without TMA (sm_80, lut_tma off) these widths take the Triton kernel
-        no_tma = replace(launch, lut_tma=False)
-        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 1, 32, no_tma) == 0
+    # without TMA (sm_80, lut_tma off) the native widths stage by cp.async, the others take the Triton kernel
+    no_tma = replace(launch, lut_tma=False)
+    want = (4 if k_bits <= 4 else 8) if native else 0
+    assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 1, 32, no_tma) == want
 
 
 def test_decode_gpu_unaligned_cache_declines_gluon():
@@ -284,6 +288,8 @@ GRAPH_CASES += [
     ({"lut_kernel": True, "lut_min_work": 0, "lut_pdl_max_steps": 0}, (8, 4)),
     ({"lut_kernel": True, "lut_min_work": 0}, (6, 4)),  # spread widths: the presets balanced and capacity
     ({"lut_kernel": True, "lut_min_work": 0}, (5, 3)),
+    ({"lut_kernel": True, "lut_min_work": 0}, (8, 8)),  # value mode 8
+    ({"lut_kernel": True, "lut_min_work": 0}, (6, 5)),
 ]
 
 

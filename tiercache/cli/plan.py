@@ -18,7 +18,8 @@ Bytes per token (per rank, all layers, K and V):
     TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
 Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
 Beside them: each format's measured ΔPPL (MEASURED_DPPL) and which kernel decodes it in primary mode on a GPU
-(the Gluon kernel for K4V4 and K8V4 at head_dim 128, the generic Triton kernel for other widths).
+(the Gluon kernel at head_dim 128: every width 1–8 on Hopper and later, K4V4, K8V4, K4V8 and K8V8 before;
+the generic Triton kernel otherwise).
 Tier sizes (tiers.vram, tiers.dram) are per rank. Under tensor parallelism every rank holds its KV heads'
 share of the same tokens: a tier holds as many tokens as one rank's tier does, and its bytes over all ranks
 are the rank's × the rank count.
