@@ -67,7 +67,9 @@ def registers_dtypes() -> bool:
 
 def register_preset_dtypes() -> None:
     """Register PRESET_DTYPES with vLLM (>= 0.33; a no-op before): uint8 pages that the backend sizes and
-    attends itself (KVQuantMode.CUSTOM: no generic kernel path)."""
+    attends itself (KVQuantMode.CUSTOM: no generic kernel path). 0.33 gives CUSTOM OCTAVE_K3V4's value, so
+    the specs report is_octave, which only ROCm's octave backend reads; any quantized mode also makes vLLM's
+    fp8 scale loader warn that the checkpoint has no KV scales."""
     if not registers_dtypes():
         return
     from vllm.config.cache import get_kv_cache_dtype_handler, register_kv_cache_dtype
