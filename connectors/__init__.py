@@ -7,7 +7,9 @@ Provides (vLLM is imported only by the modules that need it):
     worker/                     worker role: ConnectorWorker (owns the TierWorker), codec_io, kv_views
     metadata                    vLLM's metadata objects carrying the encoded StepPlan / WorkerReports
     common                      config resolution and block geometry both roles derive identically
-    plugin.register()           registers "TierCacheConnector" with vLLM's KVConnectorFactory
+    preset_dtypes               vLLM ≥ 0.33's --kv-cache-dtype tiercache_<preset> names (the codec they name)
+    plugin.register()           registers "TierCacheConnector" with vLLM's KVConnectorFactory, the attention
+                                backends and the preset dtype names
 
 Enable it with
     --kv-transfer-config '{"kv_connector": "TierCacheConnector", "kv_role": "kv_both",

@@ -3,7 +3,8 @@ geometry (so the scheduler's capacities and the worker's pools agree without tal
 
 Provides:
     load_config(vllm_config) -> TierCacheConfig   kv_connector_extra_config {"config": path, inline keys…}
-                                                  (the codec: --kv-cache-dtype tiercache_<preset> on ≥ 0.33)
+                                                  (its codec: --kv-cache-dtype tiercache_<preset> on
+                                                  ≥ 0.33, preset_dtypes.py)
     config_from_extra(extra_config) -> TierCacheConfig   the same from the mapping alone
     primary_requested(vllm_config) -> bool        --attention-backend CUSTOM: tiercache's primary mode
     remote_model_name(vllm_config) -> str         the model's name in the remote tier's keys
@@ -29,15 +30,15 @@ from tiercache.errors import ConfigError, shown
 from tiercache.layout import BlockLayout
 from tiercache.pages import PageFormat
 
+from .preset_dtypes import with_cache_dtype
+
 CONFIG_KEY = "config"
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def load_config(vllm_config) -> TierCacheConfig:
     """The tiercache config of this vLLM config's kv_connector_extra_config (config_from_extra), with the
-    codec a tiercache_<preset> --kv-cache-dtype names (vLLM ≥ 0.33; attention.cache_dtypes)."""
-    from .attention.cache_dtypes import with_cache_dtype
-
+    codec a tiercache_<preset> --kv-cache-dtype names (vLLM ≥ 0.33; preset_dtypes.py)."""
     config = config_from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
     cache = getattr(vllm_config, "cache_config", None)
     return with_cache_dtype(config, getattr(cache, "cache_dtype", "auto"))

@@ -6,7 +6,7 @@ them). Idempotent. Registers:
     AttentionBackendEnum.CPU_ATTN (CPU platform)    a CPU backend that is vLLM's own unless CUSTOM was
                                                     selected (the CPU platform ignores the selection)
     --kv-cache-dtype tiercache_<preset> (vLLM ≥ 0.33)  the codec named on the command line
-                                                    (attention/cache_dtypes.py)
+                                                    (preset_dtypes.py)
 """
 
 from __future__ import annotations
@@ -26,6 +26,6 @@ def register() -> None:
     register_backend(AttentionBackendEnum.CUSTOM, f"{BACKENDS}.TierCacheAttentionBackend")
     if current_platform.is_cpu():
         register_backend(AttentionBackendEnum.CPU_ATTN, f"{BACKENDS}.TierCacheCPUAttentionBackend")
-    from .attention.cache_dtypes import register_preset_dtypes
+    from .preset_dtypes import register_preset_dtypes
 
     register_preset_dtypes()

@@ -8,26 +8,17 @@ Provides:
     fitting_dtype(spec, head_size, model_dtype) -> str     vLLM 0.26: the smallest one-byte page that fits
     ONE_BYTE                             the one-byte dtype names (packed layers next to exact ones use one)
     LEGACY_CACHE_DTYPES, supported_cache_dtypes()   what the backend declares on vLLM 0.26 / ≥ 0.32
-    registers_dtypes() -> bool           this vLLM takes new --kv-cache-dtype names (≥ 0.33's
-                                         register_kv_cache_dtype)
-    register_preset_dtypes()             registers tiercache_<preset> for every lossy preset (idempotent)
-    preset_dtype(spec) -> str | None     the registered name of a codec's preset (None: not a preset)
-    with_cache_dtype(config, cache_dtype) -> TierCacheConfig   the codec a tiercache_<preset> dtype names
-
-vLLM ≥ 0.33: `--kv-cache-dtype tiercache_balanced` (any preset but `none`) chooses the codec on the command
-line. A YAML codec with other widths is a ConfigError naming both, unless it is the default preset (k8v4),
-which the flag overrides; the YAML's seed, rotation and exact_layers are kept.
+The tiercache_<preset> names of vLLM ≥ 0.33 are registered and read in connectors/preset_dtypes.py (the
+plugin and the connector's config need them too).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from tiercache.codecs import PRESETS, KVCodecSpec
-from tiercache.config_values import DEFAULT_CODEC
-from tiercache.errors import ConfigError, shown
+from tiercache.errors import ConfigError
+
+from ..preset_dtypes import PRESET_DTYPES, registers_dtypes
 
 
 def sizes_pages() -> bool:
@@ -49,81 +40,12 @@ ONE_BYTE = (
     "fp8_e5m2",
 )
 LEGACY_CACHE_DTYPES = ("auto", "bfloat16", "float16", *ONE_BYTE)
-DTYPE_PREFIX = "tiercache_"
-PRESET_DTYPES = tuple(DTYPE_PREFIX + name for name, bits in PRESETS.items() if bits != (None, None))
 
 
 def supported_cache_dtypes() -> tuple[str, ...]:
     """vLLM >= 0.32: "auto", or a one-byte name marking the packed layers where some are exact
     (exact_layers.py); >= 0.33 also the registered tiercache_<preset> names."""
     return ("auto", *ONE_BYTE, *(PRESET_DTYPES if registers_dtypes() else ()))
-
-
-def registers_dtypes() -> bool:
-    import vllm.config.cache as cache
-
-    return hasattr(cache, "register_kv_cache_dtype")
-
-
-def register_preset_dtypes() -> None:
-    """Register PRESET_DTYPES with vLLM (>= 0.33; a no-op before): uint8 pages that the backend sizes and
-    attends itself (KVQuantMode.CUSTOM: no generic kernel path). 0.33 gives CUSTOM OCTAVE_K3V4's value, so
-    the specs report is_octave, which only ROCm's octave backend reads; any quantized mode also makes vLLM's
-    fp8 scale loader warn that the checkpoint has no KV scales."""
-    if not registers_dtypes():
-        return
-    from vllm.config.cache import get_kv_cache_dtype_handler, register_kv_cache_dtype
-    from vllm.v1.kv_cache_interface import KVQuantMode
-
-    class PresetDtype:
-        name = ""
-
-        def torch_dtype(self) -> torch.dtype:
-            return torch.uint8
-
-        def quant_mode(self) -> KVQuantMode:
-            return KVQuantMode.CUSTOM
-
-    for name in PRESET_DTYPES:
-        if get_kv_cache_dtype_handler(name) is None:
-            register_kv_cache_dtype(name)(type(name, (PresetDtype,), {"name": name}))
-
-
-def preset_dtype(spec: KVCodecSpec) -> str | None:
-    """tiercache_<preset> for a codec that is a lossy preset (exact_layers aside), else None."""
-    name = DTYPE_PREFIX + spec.name
-    return name if name in PRESET_DTYPES else None
-
-
-def with_cache_dtype(config, cache_dtype: str):
-    """`config` with the codec a tiercache_<preset> --kv-cache-dtype names (other dtypes: `config` as is).
-    The YAML's codec stays where its widths and codebooks are the preset's; a default codec (DEFAULT_CODEC)
-    gives way to the flag, keeping its seed, rotation and exact_layers; any other is a ConfigError."""
-    if not isinstance(cache_dtype, str) or not cache_dtype.startswith(DTYPE_PREFIX):
-        return config
-    if cache_dtype not in PRESET_DTYPES:
-        raise ConfigError(
-            f"--kv-cache-dtype {shown(cache_dtype, 60)}: tiercache's names are {', '.join(PRESET_DTYPES)}; "
-            "for other widths keep --kv-cache-dtype auto and set codec: {keys: K, values: V} in the "
-            "tiercache YAML"
-        )
-    preset = KVCodecSpec.from_preset(cache_dtype.removeprefix(DTYPE_PREFIX))
-    codec = config.codec
-    if _same_pages(codec, preset):
-        return config
-    if codec.name != DEFAULT_CODEC:
-        raise ConfigError(
-            f"--kv-cache-dtype {cache_dtype} names codec {preset.name}, but the tiercache config "
-            f"({config.source}) sets codec {codec.name}: drop one of them, or make them agree"
-        )
-    codec = replace(preset, seed=codec.seed, rotation=codec.rotation, exact_layers=codec.exact_layers)
-    return replace(config, codec=codec)
-
-
-def _same_pages(a: KVCodecSpec, b: KVCodecSpec) -> bool:
-    return (a.key_bits, a.value_bits, a.key_codebook, a.value_codebook) == (
-        b.key_bits, b.value_bits, b.key_codebook, b.value_codebook
-    )  # fmt: skip
 
 
 def legacy_page(cache_dtype: str, head_size: int, model_dtype: torch.dtype) -> tuple[int, int]:

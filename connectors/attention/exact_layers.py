@@ -31,7 +31,8 @@ import torch
 from tiercache.codecs import KVCodecSpec
 from tiercache.errors import ConfigError, clipped, shown
 
-from .cache_dtypes import ONE_BYTE, PRESET_DTYPES, fitting_dtype, preset_dtype, registers_dtypes, sizes_pages
+from ..preset_dtypes import PRESET_DTYPES, preset_dtype, registers_dtypes
+from .cache_dtypes import ONE_BYTE, fitting_dtype, sizes_pages
 
 MARKER_DTYPE = "int4_per_token_head"
 

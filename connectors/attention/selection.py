@@ -24,7 +24,7 @@ from tiercache.config import TierCacheConfig
 
 from ..common import load_config, primary_requested
 from ..plugin import NAME as CONNECTOR_NAME
-from .cache_dtypes import with_cache_dtype
+from ..preset_dtypes import with_cache_dtype
 from .exact_layers import resolve
 
 
@@ -53,7 +53,7 @@ def decide(vllm_config) -> Decision:
 def tiercache_config(vllm_config) -> TierCacheConfig:
     """The connector's config (kv_connector_extra_config) when the tiercache connector is on, so both read
     one codec; else $TIERCACHE_CONFIG, else the defaults; either with the codec a tiercache_<preset>
-    --kv-cache-dtype names (cache_dtypes.with_cache_dtype)."""
+    --kv-cache-dtype names (preset_dtypes.with_cache_dtype)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     if transfer is not None and getattr(transfer, "kv_connector", None) == CONNECTOR_NAME:
         return load_config(vllm_config)

@@ -118,7 +118,7 @@ def test_gpu_preset_dtype_names_the_codec(tmp_path, monkeypatch):
     """vLLM ≥ 0.33: --kv-cache-dtype tiercache_tq4 with no tiercache config serves K4V4 pages (the default
     codec gives way to the flag) with the reference's greedy tokens; a config naming another codec stops
     the engine with both named."""
-    from tiercache.connectors.attention.cache_dtypes import registers_dtypes
+    from tiercache.connectors.preset_dtypes import registers_dtypes
 
     if not registers_dtypes():
         pytest.skip("this vLLM has no register_kv_cache_dtype (vLLM >= 0.33)")

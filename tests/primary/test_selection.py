@@ -43,7 +43,7 @@ def test_a_preset_dtype_names_the_codec():
     from dataclasses import replace
 
     from tiercache.config import TierCacheConfig
-    from tiercache.connectors.attention.cache_dtypes import PRESET_DTYPES, preset_dtype, with_cache_dtype
+    from tiercache.connectors.preset_dtypes import PRESET_DTYPES, preset_dtype, with_cache_dtype
 
     assert "tiercache_balanced" in PRESET_DTYPES and "tiercache_none" not in PRESET_DTYPES
     default = TierCacheConfig.from_dict({"codec": {"keys": 8, "values": 4, "seed": 7, "exact_layers": [0]}})
