@@ -1,4 +1,5 @@
-"""Gluon kernel: the decode split kernel on mma.sync with centroid lookups in shared memory (head_dim 128).
+"""Gluon kernel: the decode split kernel on mma.sync with centroid lookups in shared memory (head_dim D = 64
+or 128, a constexpr).
 
 _decode_lut_kernel, grid (programs,), W warps each: a persistent loop over work items (sequence, kv head,
 split); inside an item the warps walk tiles of W·T tokens, warp w taking tokens Tw … Tw+T−1 of each tile,
@@ -8,8 +9,8 @@ memory (combine_warps in _decode_lut_reduce.py) into the item's one (P ≥ S).
 
 Per T-token tile (T = 16, 32 or 64) and warp, in the transposed form (tokens and head dims are the M side of
 the MMAs, the G ≤ 8 query heads of the kv head the N side):
-    Sᵀ [T, 8]   = K̂ [T, 128] · Q̂ᵀ [128, 8]        K̂ straight from registers (dot operand A)
-    Oᵀ [128, 8] += V̂ᵀ [128, T] · Pᵀ [T, 8]        V̂ᵀ from registers, Pᵀ by movmatrix from the Sᵀ accumulator
+    Sᵀ [T, 8]  = K̂ [T, D] · Q̂ᵀ [D, 8]        K̂ straight from registers (dot operand A; D/16 k-steps)
+    Oᵀ [D, 8] += V̂ᵀ [D, T] · Pᵀ [T, 8]       V̂ᵀ from registers (D/16 m-tiles), Pᵀ by movmatrix from Sᵀ
 Centroids come from two 256-entry tables of 32-bit words (the key table and the value table, one when
 equal), replicated for the 32 lanes in the first 64 KiB of shared memory: entry e, lane l at byte
 e·256 + l·4 (+128 for the second table), so one `prmt` forms the address from a packed byte and a lookup
@@ -19,18 +20,19 @@ words): one lookup per byte, its float16 centroid in the entry's low half, two b
 `prmt`. Key mode 9 (uniform 8-bit keys): arithmetic (k − 128 as float16, the step folded into the query),
 no table. Values pair two tokens, (token 2t, token 2t+1) of one coordinate, as operand A needs: value
 mode 4 (nibble words) pairs the two tokens' nibbles into one byte first, so one lookup yields the pair;
-value mode 8 (byte words, 32 a token) looks up each token's byte and packs the two centroids by `prmt`.
+value mode 8 (byte words, D/4 a token) looks up each token's byte and packs the two centroids by `prmt`.
 Other widths (K_BITS 1–3 in key mode 4, 5–7 in key mode 8, V_BITS 1–3 in value mode 4, 5–7 in value mode 8;
 sm_90+): the TMA boxes carry the packed rows unswizzled, and the read-back spreads each piece's fields into
 nibble or byte slots (_decode_lut_ptx.spread_piece_asm), so everything after it is the 4- or 8-bit path,
-with tables that repeat every 2^bits entries.
+with tables that repeat every 2^bits entries. At D = 64 those are the even widths (rows of 8·bits bytes: TMA
+boxes take rows of a multiple of 16 bytes; decode_lut.lut_serves).
 The packed words of tile i + 1 are copied into shared memory while tile i is computed, in PTX the compiler
 does not see: on sm_90+ (TMA) as boxes of one block piece and kv head each, issued by a few lanes of the warp
 and completing on the warp's own mbarrier, the tokens in the slot order π (_tile_perm) that keeps the reads
-of the swizzled boxes free of bank conflicts; else by cp.async, each thread copying and reading back only its
-own pieces. Either way no warp waits for another. The norms of tile i + 1 and the block ids of tile i + 2 are
-loaded then too. Block ids are loaded once per block piece
-and broadcast to the tokens (the piece index is a register dimension of every layout).
+of the boxes' native rows free of bank conflicts; else by cp.async, each thread copying and reading back only
+its own pieces. Either way no warp waits for another. The norms of tile i + 1 and the block ids of tile i + 2
+are loaded then too. Block ids are loaded once per block piece and broadcast to the tokens (the piece index
+is a register dimension of every layout).
 Each thread holds whole words of packed bytes; the coordinates a thread's words hold are relabelled (joins,
 a permute and a reshape, checked trivial by the compiler) so that they are exactly its operand fragment.
 The query is loaded in the matching order and the partial output stored in natural rotated order, so the
@@ -85,10 +87,17 @@ PT_ASM = gl.constexpr(" ".join([
 
 
 @constexpr_function
+def _key_piece_layout(W, KP):
+    """Key pieces [W, T, 4·KP] (KP per thread and token, of 2 or 4 words): thread (g, t) holds pieces
+    KP·t … KP·t + KP − 1 of tokens g + 8i, a quarter of their words (operand A's rows)."""
+    return gl.BlockedLayout([1, 1, KP], [1, 8, 4], [W, 1, 1], [2, 1, 0])
+
+
+@constexpr_function
 def _value_piece_layout(W, T):
-    """Value pieces [W, T, 8] (value mode 4: words 2c, 2c+1; 8: words 4c … 4c+3): thread (g, t) holds piece
-    g of tokens 2t, 2t+1 (+8i); joined with the piece's words, thread (g, t) holds words 2g, 2g+1 (or 4g …
-    4g+3) of those tokens (operand A's pairs)."""
+    """Value pieces [W, T, 8] of VW/8 words each (piece c: words c·VW/8 …): thread (g, t) holds piece g of
+    tokens 2t, 2t+1 (+8i); joined with the piece's words, thread (g, t) holds an eighth of those tokens'
+    words (operand A's pairs)."""
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1, 0]] + [[0, 8 << i, 0] for i in range(T.bit_length() - 4)],
         lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
@@ -121,32 +130,71 @@ def _join8(x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @gluon.jit
-def _k_phys(d, K_MODE: gl.constexpr):
-    """Natural coordinate of logical key coordinate d (operand-A column order, see _k_operand)."""
-    if K_MODE == 4:  # d bits (low → high): nib, w2, w3, b0, b1, w0, w1; coordinate 8w + 2b + nib
+def _k_phys(d, K_MODE: gl.constexpr, D: gl.constexpr):
+    """Natural coordinate of logical key coordinate d (operand-A column order, see _k_operand; w: the word,
+    nib, b: nibble and byte in it)."""
+    if K_MODE == 4:
         nib = d & 1
-        w = ((d >> 5) & 1) | (((d >> 6) & 1) << 1) | (((d >> 1) & 1) << 2) | (((d >> 2) & 1) << 3)
         b = ((d >> 3) & 1) | (((d >> 4) & 1) << 1)
+        if D == 128:  # d bits (low → high): nib, w2, w3, b0, b1, w0, w1; coordinate 8w + 2b + nib
+            w = ((d >> 5) & 1) | (((d >> 6) & 1) << 1) | (((d >> 1) & 1) << 2) | (((d >> 2) & 1) << 3)
+        else:  # d bits: nib, w1, w2, b0, b1, w0
+            w = ((d >> 5) & 1) | (((d >> 1) & 1) << 1) | (((d >> 2) & 1) << 2)
         return 8 * w + 2 * b + nib
-    else:  # d bits: b0, w3, w4, b1, w0, w1, w2; coordinate 4w + b
+    else:
         b = (d & 1) | (((d >> 3) & 1) << 1)
-        w = ((d >> 4) & 7) | (((d >> 1) & 1) << 3) | (((d >> 2) & 1) << 4)
+        if D == 128:  # d bits: b0, w3, w4, b1, w0, w1, w2; coordinate 4w + b
+            w = ((d >> 4) & 7) | (((d >> 1) & 1) << 3) | (((d >> 2) & 1) << 4)
+        else:  # d bits: b0, w2, w3, b1, w0, w1
+            w = ((d >> 4) & 3) | (((d >> 1) & 1) << 2) | (((d >> 2) & 1) << 3)
         return 4 * w + b
 
 
-# _v_operand's relabelling: the axes of its joined lookups, [W, T/2, word bits, j, nibble or byte bits], in
-# the order of V̂ᵀ's [W, row bits (high → low), i, j] (token 2i + j; rows: _v_phys)
-V4_AXES = gl.constexpr((0, 9, 8, 7, 5, 2, 3, 4, 1, 6))  # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2]
-V8_AXES = gl.constexpr((0, 5, 6, 9, 8, 2, 3, 4, 1, 7))  # [W, T/2, w4, w3, w2, w1, w0, j, b0, b1]
+# The relabellings, by (key or value mode, D): the axes of the joined lookups, in the order of the operand's
+# logical coordinate bits (high → low). _k_operand: from [W, T, word bits, field bits] (key mode 4: w…, nib,
+# b0, b1; 8: w…, b0, b1) to [W, T, (w low bits) b1 (b0) (w two high bits: the lane's quarter) nib or b0];
+# _v_operand: from [W, T/2, word bits, j, field bits] (n0 n1 n2 or b0 b1; token 2i + j) to [W, row bits
+# (high → low), i, j], the row's three low bits the lane's eighth (_v_phys).
+K_AXES = gl.constexpr({
+    (4, 128): (0, 1, 4, 5, 8, 7, 2, 3, 6),  # [W, T, w3 w2 w1 w0, nib, b0, b1] → w1 w0 b1 b0 w3 w2 nib
+    (8, 128): (0, 1, 4, 5, 6, 8, 2, 3, 7),  # [W, T, w4 … w0, b0, b1] → w2 w1 w0 b1 w4 w3 b0
+    (4, 64): (0, 1, 4, 7, 6, 2, 3, 5),  # [W, T, w2 w1 w0, nib, b0, b1] → w0 b1 b0 w2 w1 nib
+    (8, 64): (0, 1, 4, 5, 7, 2, 3, 6),  # [W, T, w3 … w0, b0, b1] → w1 w0 b1 w3 w2 b0
+})  # fmt: skip
+V_AXES = gl.constexpr({
+    (4, 128): (0, 9, 8, 7, 5, 2, 3, 4, 1, 6),  # [W, T/2, w3 … w0, j, n0 n1 n2] → n2 n1 n0 w0 w3 w2 w1
+    (8, 128): (0, 5, 6, 9, 8, 2, 3, 4, 1, 7),  # [W, T/2, w4 … w0, j, b0 b1] → w1 w0 b1 b0 w4 w3 w2
+    (4, 64): (0, 8, 7, 6, 2, 3, 4, 1, 5),  # [W, T/2, w2 w1 w0, j, n0 n1 n2] → n2 n1 n0 w2 w1 w0
+    (8, 64): (0, 5, 8, 7, 2, 3, 4, 1, 6),  # [W, T/2, w3 … w0, j, b0 b1] → w0 b1 b0 w3 w2 w1
+})  # fmt: skip
+
+
+@constexpr_function
+def _k_axes(K_MODE, D):
+    return K_AXES.value[(4 if K_MODE == 4 else 8, D)]
+
+
+@constexpr_function
+def _v_axes(V_MODE, D):
+    return V_AXES.value[(V_MODE, D)]
+
+
+@constexpr_function
+def _bit_shape(A, B, N):
+    """[A, B, 2, …, 2]: N (a power of two) as its bits, the highest first."""
+    return [A, B] + [2] * (N.bit_length() - 1)
 
 
 @gluon.jit
-def _v_phys(r, V_MODE: gl.constexpr):
+def _v_phys(r, V_MODE: gl.constexpr, D: gl.constexpr):
     """Natural coordinate of logical value coordinate r (operand-A row order, see _v_operand).
-    Value mode 4: r bits (low → high) w1, w2, w3, w0, n0, n1, n2; coordinate 8w + n (nibble n of word w).
-    Value mode 8: r bits w2, w3, w4, b0, b1, w0, w1; coordinate 4w + b (byte b of word w), which is
-    16·(r & 7) + (r >> 3)."""
-    if V_MODE == 4:
+    D = 128, value mode 4: r bits (low → high) w1, w2, w3, w0, n0, n1, n2; coordinate 8w + n (nibble n of
+    word w). Value mode 8: r bits w2, w3, w4, b0, b1, w0, w1; coordinate 4w + b (byte b of word w), which is
+    16·(r & 7) + (r >> 3). D = 64: r bits w0, w1, w2, n0, n1, n2 (value mode 4: 8w + n) or w1, w2, w3, b0,
+    b1, w0 (8: 4w + b), both 8·(r & 7) + (r >> 3)."""
+    if D == 64:
+        return 8 * (r & 7) + (r >> 3)
+    elif V_MODE == 4:
         w = ((r >> 3) & 1) | ((r & 7) << 1)
         return 8 * w + (r >> 4)
     else:
@@ -154,59 +202,54 @@ def _v_phys(r, V_MODE: gl.constexpr):
 
 
 @gluon.jit
-def _k_operand(words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.constexpr, K_ASM: gl.constexpr):
-    """Packed key words [W, T, 16 or 32] → K̂ [W, T, 128] float16, columns in logical order."""
+def _k_operand(
+    words, probe, W: gl.constexpr, T: gl.constexpr, K_MODE: gl.constexpr, K_ASM: gl.constexpr, D: gl.constexpr
+):  # fmt: skip
+    """Packed key words [W, T, D/8 (key mode 4) or D/4] → K̂ [W, T, D] float16, columns in logical order
+    (_k_phys)."""
+    w = gl.reshape(words, _bit_shape(W, T, words.shape[2]).value)  # the word bits, highest first
     if K_MODE == 4:
-        w = gl.reshape(words, [W, T, 2, 2, 2, 2])  # w3 w2 w1 w0
         w = gl.join(w, w)  # the nibble axis: one packed float16 pair per byte
         o0, o1, o2, o3 = gl.inline_asm_elementwise(
             K_ASM, "=r,=r,=r,=r,r,r,r,r", [w, probe], dtype=(gl.float16,) * 4, is_pure=True, pack=2
         )
-        x = _join4(o0, o1, o2, o3)
-        # [W, T, w3, w2, w1, w0, nib, b0, b1] → logical (high → low) w1 w0 b1 b0 w3 w2 nib
-        x = gl.permute(x, [0, 1, 4, 5, 8, 7, 2, 3, 6])
+        x = _join4(o0, o1, o2, o3)  # [W, T, word bits, nib, b0, b1]
     else:
-        w = gl.reshape(words, [W, T, 2, 2, 2, 2, 2])  # w4 w3 w2 w1 w0
         w = gl.join(w, w)  # the axis b0: one packed float16 pair per two bytes
         o0, o1 = gl.inline_asm_elementwise(
             K_ASM, "=r,=r,r,r,r,r", [w, probe], dtype=(gl.float16,) * 2, is_pure=True, pack=2
         )
-        x = gl.join(o0, o1)
-        # [W, T, w4, w3, w2, w1, w0, b0, b1] → logical (high → low) w2 w1 w0 b1 w4 w3 b0
-        x = gl.permute(x, [0, 1, 4, 5, 6, 8, 2, 3, 7])
-    return gl.reshape(x, [W, T, 128])
+        x = gl.join(o0, o1)  # [W, T, word bits, b0, b1]
+    return gl.reshape(gl.permute(x, _k_axes(K_MODE, D).value), [W, T, D])
 
 
 @gluon.jit
-def _v_operand(words, probe, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V_ASM: gl.constexpr):
-    """Packed value words [W, T, 16 (value mode 4) or 32 (8)] → V̂ᵀ [W, 128, T] float16, rows in logical
-    order. Thread (g, t) holds words 2g, 2g+1 (or 4g … 4g+3) of tokens 2t, 2t+1 (+8i); the relabelling
-    makes its rows g + 8h + 16a (h < 2, a < 8), operand A's fragment."""
-    pairs = gl.permute(gl.reshape(words, [W, T // 2, 2, 4 * V_MODE]), [0, 1, 3, 2])
-    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, 16 or 32]
+def _v_operand(
+    words, probe, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V_ASM: gl.constexpr, D: gl.constexpr
+):  # fmt: skip
+    """Packed value words [W, T, VW] (VW = D/8 in value mode 4, D/4 in 8) → V̂ᵀ [W, D, T] float16, rows in
+    logical order (_v_phys). Thread (g, t) holds an eighth of the words (VW/8 from word g·VW/8) of tokens 2t,
+    2t+1 (+8i); the relabelling makes its rows g + 8h + 16a (h < 2, a < D/16), operand A's fragment."""
+    VW: gl.constexpr = words.shape[2]
+    pairs = gl.permute(gl.reshape(words, [W, T // 2, 2, VW]), [0, 1, 3, 2])
+    wa, wb = gl.split(pairs)  # tokens 2i and 2i+1: [W, T/2, VW]
+    wa = gl.reshape(wa, _bit_shape(W, T // 2, VW).value)  # the word bits, highest first
+    wb = gl.reshape(wb, _bit_shape(W, T // 2, VW).value)
     if V_MODE == 4:
-        wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2])  # w3 w2 w1 w0
-        wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2])
         # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per nibble
         o = gl.inline_asm_elementwise(
             V_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
             dtype=(gl.float16,) * 8, is_pure=True, pack=2,
         )  # fmt: skip
-        x = _join8(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7])
-        # [W, T/2, w3, w2, w1, w0, j, n0, n1, n2] → [W, n2 n1 n0 w0 w3 w2 w1, (i, j)]
-        x = gl.permute(x, V4_AXES.value)
+        x = _join8(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7])  # [W, T/2, word bits, j, n0, n1, n2]
     else:
-        wa = gl.reshape(wa, [W, T // 2, 2, 2, 2, 2, 2])  # w4 w3 w2 w1 w0
-        wb = gl.reshape(wb, [W, T // 2, 2, 2, 2, 2, 2])
         # the token-pair axis j: one packed float16 pair (token 2i, 2i+1) per byte
         o = gl.inline_asm_elementwise(
             V_ASM, "=r,=r,=r,=r,r,r,r,r,r,r", [gl.join(wa, wa), gl.join(wb, wb), probe],
             dtype=(gl.float16,) * 4, is_pure=True, pack=2,
         )  # fmt: skip
-        x = _join4(o[0], o[1], o[2], o[3])
-        # [W, T/2, w4, w3, w2, w1, w0, j, b0, b1] → [W, w1 w0 b1 b0 w4 w3 w2, (i, j)]
-        x = gl.permute(x, V8_AXES.value)
-    return gl.reshape(x, [W, 128, T])
+        x = _join4(o[0], o[1], o[2], o[3])  # [W, T/2, word bits, j, b0, b1]
+    return gl.reshape(gl.permute(x, _v_axes(V_MODE, D).value), [W, D, T])
 
 
 @gluon.jit
@@ -255,9 +298,9 @@ def _stage_tile(
     BLOCK_SIZE: gl.constexpr, W: gl.constexpr, T: gl.constexpr, NBT: gl.constexpr,
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
-    """Start copying a tile's packed key words (16-byte pieces [W, T, KW/4], KPT per thread) and value
-    words (8- or 16-byte pieces [W, T, 8], T/4 per thread) into this thread's staging slots, as one commit
-    group."""
+    """Start copying a tile's packed key words (pieces [W, T, 4·KP] of 16 or 8 bytes, KPT per thread) and
+    value words (pieces [W, T, 8] of a token's eighth, T/4 per thread) into this thread's staging slots, as
+    one commit group."""
     _stage_pieces(
         t0, end, h, bid, k_tok, k_word, kp_ptr, skp_b, skp_o, skp_h, BLOCK_SIZE, W, T, NBT, K_STAGE, KPT
     )
@@ -284,21 +327,51 @@ def _stage_pieces(
 
 @gluon.jit
 def _unstage_tile(
-    k_any, v_any, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, V_MODE: gl.constexpr,
+    k_any, v_any, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, VW: gl.constexpr,
     K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
-    """Wait for this thread's copies, then read them back: key words [W, T, KW], value words [W, T, 16 or 32]
+    """Wait for this thread's copies, then read them back: key words [W, T, KW], value words [W, T, VW]
     (k_any, v_any: any int32 tensors shaped and laid out as the key and value pieces)."""
-    k_cons: gl.constexpr = _constraints("rrrr", "r", KPT)
-    k0, k1, k2, k3 = gl.inline_asm_elementwise(K_UNSTAGE, k_cons, [k_any], (gl.int32,) * 4, False, KPT)
-    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), _value_words(v_any, W, T, V_MODE, V_UNSTAGE)
+    return _key_words(k_any, k_any, W, T, KW, K_UNSTAGE, KPT, False), _value_words(v_any, W, T, VW, V_UNSTAGE)
 
 
 @gluon.jit
-def _value_words(v_in, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V_UNSTAGE: gl.constexpr):
-    """Value words [W, T, 16 or 32] by the value read-back PTX, one operand per piece (v_in [W, T, 8] int32,
-    laid out as the value pieces): a piece's 2 or 4 words, word k of piece c → word (V_MODE / 2)·c + k."""
-    if V_MODE == 4:
+def _key_words(
+    k_in, parity, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, K_UNSTAGE: gl.constexpr,
+    KPT: gl.constexpr, TMA: gl.constexpr,
+):  # fmt: skip
+    """Key words [W, T, KW] by the key read-back PTX, one operand per piece (k_in [W, T, 4·KP] int32, laid
+    out as the key pieces; TMA: then the mbarrier parity, unused otherwise): a piece's 4 words (2 where
+    KW = 8), word k of piece c → word 4c + k (2c + k)."""
+    if KW == 8:
+        if TMA:
+            k_cons: gl.constexpr = _constraints("rr", "rr", KPT)
+            k0, k1 = gl.inline_asm_elementwise(K_UNSTAGE, k_cons, [k_in, parity], (gl.int32,) * 2, False, KPT)
+        else:
+            k0, k1 = gl.inline_asm_elementwise(
+                K_UNSTAGE, _constraints("rr", "r", KPT), [k_in], (gl.int32,) * 2, False, KPT
+            )
+        return gl.reshape(gl.join(k0, k1), [W, T, KW])
+    else:
+        if TMA:
+            k_cons: gl.constexpr = _constraints("rrrr", "rr", KPT)
+            k0, k1, k2, k3 = gl.inline_asm_elementwise(
+                K_UNSTAGE, k_cons, [k_in, parity], (gl.int32,) * 4, False, KPT
+            )
+        else:
+            k_cons: gl.constexpr = _constraints("rrrr", "r", KPT)
+            k0, k1, k2, k3 = gl.inline_asm_elementwise(K_UNSTAGE, k_cons, [k_in], (gl.int32,) * 4, False, KPT)
+        return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW])
+
+
+@gluon.jit
+def _value_words(v_in, W: gl.constexpr, T: gl.constexpr, VW: gl.constexpr, V_UNSTAGE: gl.constexpr):
+    """Value words [W, T, VW] by the value read-back PTX, one operand per piece (v_in [W, T, 8] int32, laid
+    out as the value pieces): a piece's VW/8 words (1, 2 or 4), word k of piece c → word (VW/8)·c + k."""
+    if VW == 8:
+        v_cons: gl.constexpr = _constraints("r", "r", T // 4)
+        return gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_in], gl.int32, False, T // 4)
+    elif VW == 16:
         v_cons: gl.constexpr = _constraints("rr", "r", T // 4)
         v0, v1 = gl.inline_asm_elementwise(V_UNSTAGE, v_cons, [v_in], (gl.int32,) * 2, False, T // 4)
         return gl.reshape(gl.join(v0, v1), [W, T, 16])
@@ -309,16 +382,40 @@ def _value_words(v_in, W: gl.constexpr, T: gl.constexpr, V_MODE: gl.constexpr, V
 
 
 @gluon.jit
-def _tile_perm(m, V_MODE: gl.constexpr):
+def _tile_perm(m, V_MODE: gl.constexpr, D: gl.constexpr):
     """Slot order of a tile's tokens: MMA token m (row of Sᵀ, column of V̂ᵀ) is token π(m) of the tile, so
-    that the TMA path's reads of swizzled slots meet distinct banks: the two tokens a quarter warp reads for
-    keys differ in parity; in value mode 4 (64-byte rows, 8-byte reads) the four a half warp reads differ
-    in bits 0 and 2, π permuting each 8 as 0 3 1 2 4 7 5 6; in value mode 8 (128-byte rows, 16-byte reads)
-    the four a quarter warp reads (tokens r, r+2, r+4, r+6) differ in bits 1 and 2, π the identity."""
-    if V_MODE == 4:
+    that the TMA path's reads of native slots meet distinct banks. D = 128: the two tokens a quarter warp
+    reads for keys differ in parity; in value mode 4 (64-byte rows, 8-byte reads) the four a half warp reads
+    differ in bits 0 and 2, π permuting each 8 as 0 3 1 2 4 7 5 6; in value mode 8 (128-byte rows, 16-byte
+    reads) the four a quarter warp reads (tokens r, r+2, r+4, r+6) differ in bits 1 and 2, π the identity.
+    D = 64 (32-byte rows not swizzled, 64-byte rows swizzled as at D = 128): π's bits (p0, p1, p2) =
+    (m0 ^ m2, m1, m1 ^ m2) in each 8, so that the four tokens a half warp reads for keys of 32-byte rows
+    (8-byte reads: π(g), g < 4 or ≥ 4) differ in bits 0 and 1, the two a quarter warp reads for keys of
+    64-byte rows (16-byte reads) in parity, and the four a warp reads for values (tokens r, r+2, r+4, r+6)
+    in bits 0 and 1 (value mode 4: 32-byte rows, 4-byte reads) and in bits 0 and 2 (value mode 8: 64-byte
+    rows, 8-byte reads by half warps)."""
+    if D == 64:
+        return (m & ~7) | ((m ^ (m >> 2)) & 1) | (m & 2) | ((((m >> 1) ^ (m >> 2)) & 1) << 2)
+    elif V_MODE == 4:
         return (m & ~3) | (((m >> 1) & 1) ^ ((m & 1) * 3))
     else:
         return m
+
+
+@gluon.jit
+def _native_read(row, c, m, ROW_BYTES: gl.constexpr, PIECE_BYTES: gl.constexpr):
+    """Shared byte offset of piece c (PIECE_BYTES of native words) of slot row m (first byte `row`) as its TMA
+    box writes it: 128-byte rows swizzled by 128 bytes (16-byte chunk k at k ^ (m & 7)), 64-byte rows by 64
+    (at k ^ ((m >> 1) & 3); 8-byte pieces: half a chunk), 32-byte rows as they are."""
+    if ROW_BYTES == 128:
+        return row + (c ^ (m & 7)) * 16
+    elif ROW_BYTES == 64:
+        if PIECE_BYTES == 16:
+            return row + (c ^ ((m >> 1) & 3)) * 16
+        else:
+            return row + ((c >> 1) ^ ((m >> 1) & 3)) * 16 + (c & 1) * 8
+    else:
+        return row + c * PIECE_BYTES
 
 
 @gluon.jit
@@ -341,16 +438,13 @@ def _tma_stage(
 
 @gluon.jit
 def _tma_unstage_tile(
-    k_read, parity, v_read, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, V_MODE: gl.constexpr,
+    k_read, parity, v_read, W: gl.constexpr, T: gl.constexpr, KW: gl.constexpr, VW: gl.constexpr,
     K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr, KPT: gl.constexpr,
 ):  # fmt: skip
     """Wait for the warp's boxes (mbarrier phase `parity`), then read its pieces at the shared offsets k_read
-    [W, T, KW/4] and v_read [W, T, 8]: key words [W, T, KW], value words [W, T, 16 or 32]."""
-    k_cons: gl.constexpr = _constraints("rrrr", "rr", KPT)
-    k0, k1, k2, k3 = gl.inline_asm_elementwise(
-        K_UNSTAGE, k_cons, [k_read, parity], (gl.int32,) * 4, False, KPT
-    )
-    return gl.reshape(_join4(k0, k2, k1, k3), [W, T, KW]), _value_words(v_read, W, T, V_MODE, V_UNSTAGE)
+    [W, T, 4·KP] and v_read [W, T, 8]: key words [W, T, KW], value words [W, T, VW]."""
+    keys = _key_words(k_read, parity, W, T, KW, K_UNSTAGE, KPT, True)
+    return keys, _value_words(v_read, W, T, VW, V_UNSTAGE)
 
 
 @gluon.jit
@@ -374,7 +468,7 @@ def _item_query(
     q_row, qb_off, qb_mask, n_mask, k_step,
     K_MODE: gl.constexpr, W: gl.constexpr, D: gl.constexpr, MMA: gl.constexpr,
 ):  # fmt: skip
-    """The item's rotated query rows (q_row: its first; n_mask [8]: the kv head's) as Q̂ᵀ [W, 128, 8]
+    """The item's rotated query rows (q_row: its first; n_mask [8]: the kv head's) as Q̂ᵀ [W, D, 8]
     (operand B at qb_off, where qb_mask), and for uniform 8-bit keys (K_MODE 9: Σ q·c[k] = step·(Σ q·(k − 128)
     + Σ q/2)) scaled by the step, with the score offset [W, 8] (else zeros)."""
     q = gl.load(q_row + qb_off, mask=qb_mask, other=0.0)
@@ -394,7 +488,7 @@ def _item_query(
 
 @gluon.jit
 def _decode_lut_kernel(
-    qr_ptr,  # rotated query × scale·log2 e [B, Hq, 128] float16, natural order, contiguous
+    qr_ptr,  # rotated query × scale·log2 e [B, Hq, D] float16, natural order, contiguous
     # keys and values as int32 words [NB, BS, H, Pk/4 or Pv/4] and their norms [NB, BS, H]; the token and
     # head strides are compile-time constants (the addresses of a tile's tokens fold into few operations)
     kp_ptr, skp_b, skp_o: gl.constexpr, skp_h: gl.constexpr,
@@ -404,31 +498,33 @@ def _decode_lut_kernel(
     lut_ptr,  # [256, 2] int32: the two tables' entries (the key table and the value table)
     k_map, v_map,  # TMA: global addresses of the caches' tensor maps (boxes of [1, rows, 1, Pk or Pv] bytes)
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
-    po_ptr, pl_ptr,  # partial out [B, Hq, P, 128] f32 (natural order), partial lse [B, Hq, P] f32
+    po_ptr, pl_ptr,  # partial out [B, Hq, P, D] f32 (natural order), partial lse [B, Hq, P] f32
     H, Hq, G, S, P, split_tokens, num_items, max_blocks, k_step,  # P: room for partials per head
     BLOCK_SIZE: gl.constexpr, BS_SHIFT: gl.constexpr,
     K_MODE: gl.constexpr, K_ASM: gl.constexpr, V_MODE: gl.constexpr, V_ASM: gl.constexpr,
     K_BITS: gl.constexpr, V_BITS: gl.constexpr,  # packed widths (mode 4: 1–4 bits, 8 and 9: 5–8)
+    D: gl.constexpr,  # head_dim: 128, or 64
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
     TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
     COMBINE: gl.constexpr,  # one partial per item (P ≥ S), else one per item and warp (P ≥ S·W)
     PDL: gl.constexpr = False,  # launched dependent on the query rotation: wait for it before reading qr_ptr
 ):  # fmt: skip
-    D: gl.constexpr = 128
-    KW: gl.constexpr = 16 if K_MODE == 4 else 32  # key words per token
-    VW: gl.constexpr = 4 * V_MODE  # value words per token: 16 or 32
+    gl.static_assert((D == 64) or (D == 128))
+    KW: gl.constexpr = D // 8 if K_MODE == 4 else D // 4  # key words per token
+    VW: gl.constexpr = D * V_MODE // 32  # value words per token
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8]
     )
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     STEP: gl.constexpr = W * T
-    KP: gl.constexpr = KW // 16  # 16-byte key pieces per thread and token
+    KPW: gl.constexpr = 4 if KW >= 16 else 2  # words of a key piece (16 or 8 bytes)
+    KP: gl.constexpr = KW // (4 * KPW)  # key pieces per thread and token
     KPT: gl.constexpr = KP * (T // 8)  # ... per thread
-    # staged pieces: keys [W, T, KW/4], thread (g, t) holding MMA rows (tokens) g + 8i and pieces KP·t …;
+    # staged pieces: keys [W, T, 4·KP], thread (g, t) holding MMA rows (tokens) g + 8i and pieces KP·t …;
     # values [W, T, 8] (VW/8 words each), thread (g, t) holding tokens 2t, 2t+1 (+8i) and piece g
-    KC: gl.constexpr = gl.BlockedLayout([1, 1, KP], [1, 8, 4], [W, 1, 1], [2, 1, 0])
+    KC: gl.constexpr = _key_piece_layout(W, KP)
     VC: gl.constexpr = _value_piece_layout(W, T)
     FL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])  # table fill [64, 32]
     SCORE_ROWS: gl.constexpr = gl.SliceLayout(2, MMA)
@@ -436,7 +532,7 @@ def _decode_lut_kernel(
     # Shared memory, one buffer of 8 KiB chunks: the table (entry e, lane l → word e·64 + 32·table + l) at
     # offset 0, then the staging slots, which only the staging PTX touches during an item and the combine
     # between items, then a last chunk (the mbarriers, the combine's log-sum-exps).
-    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE, V_MODE)
+    SMEM: gl.constexpr = _shared_bytes(W, T, K_MODE, V_MODE, D)
     gl.static_assert(SMEM % 8192 == 0)
     buf = gl.allocate_shared_memory(
         gl.int32, [SMEM // 8192, 64, 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -459,14 +555,14 @@ def _decode_lut_kernel(
     # the pieces' token and word indices
     kc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, KC)))
     kc_m = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, KC)))
-    kc_c = gl.arange(0, KW // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, KC)))
-    k_tok = kc_w[:, None] * T + _tile_perm(kc_m, V_MODE)[None, :]  # [W, T]
-    k_word = 4 * kc_c[None, None, :]
-    k_any = gl.full([W, T, KW // 4], 0, gl.int32, KC)
+    kc_c = gl.arange(0, 4 * KP, layout=gl.SliceLayout(0, gl.SliceLayout(1, KC)))
+    k_tok = kc_w[:, None] * T + _tile_perm(kc_m, V_MODE, D)[None, :]  # [W, T]
+    k_word = KPW * kc_c[None, None, :]
+    k_any = gl.full([W, T, 4 * KP], 0, gl.int32, KC)
     vc_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, VC)))
     vc_t = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, VC)))
     vc_c = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, VC)))
-    v_tok = vc_w[:, None] * T + _tile_perm(vc_t, V_MODE)[None, :]
+    v_tok = vc_w[:, None] * T + _tile_perm(vc_t, V_MODE, D)[None, :]
     v_word = VW // 8 * vc_c[None, None, :]
     v_any = gl.full([W, T, 8], 0, gl.int32, VC)
     if TMA:
@@ -474,9 +570,9 @@ def _decode_lut_kernel(
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
         PK: gl.constexpr = 4 * KW  # a token's key slot (its value slots start at T·PK)
-        PKR: gl.constexpr = 16 * K_BITS  # a token's packed bytes: its row in the boxes (≤ its slot)
-        PVR: gl.constexpr = 16 * V_BITS  # ... of values (≤ its value slot, 4·VW)
-        WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE, V_MODE)  # the PTX's too (mbarriers follow)
+        PKR: gl.constexpr = K_BITS * D // 8  # a token's packed bytes: its row in the boxes (≤ its slot)
+        PVR: gl.constexpr = V_BITS * D // 8  # ... of values (≤ its value slot, 4·VW)
+        WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE, V_MODE, D)  # the PTX's too (mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
         bx_j = gl.arange(0, 32, layout=gl.SliceLayout(0, BXL))[None, :]
@@ -485,22 +581,19 @@ def _decode_lut_kernel(
         box_tok = bx_w * T + box_row
         box_slot = gl.where(box_key, box_row * PKR, T * PK + box_row * PVR)
         box_dst = gl.where(bx_j < 2 * R_BOX, LUT_BYTES + bx_w * WARP_BYTES + box_slot, -1)
-        # the read-back offsets of the pieces the threads hold: the TMA swizzle undone (64- and 128-byte
-        # rows), or (other widths, rows not swizzled) the byte of a piece's first field
-        k_pt = _tile_perm(kc_m, V_MODE)[None, :, None]
+        # the read-back offsets of the pieces the threads hold: native rows as the TMA wrote them (64- and
+        # 128-byte rows swizzled), or (other widths, rows not swizzled) the byte of a piece's first field
+        k_pt = _tile_perm(kc_m, V_MODE, D)[None, :, None]
         k_row = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PKR
         if PKR == PK:
-            k_read = k_row + (kc_c[None, None, :] ^ ((k_pt >> 1) & 3 if K_MODE == 4 else k_pt & 7)) * 16
-        else:  # a piece: 16 bytes of nibbles or bytes, 32 or 16 fields
-            k_read = k_row + kc_c[None, None, :] * (PKR // 4 if K_MODE == 4 else PKR // 8)
-        v_pt = _tile_perm(vc_t, V_MODE)[None, :, None]
+            k_read = _native_read(k_row, kc_c[None, None, :], k_pt, PK, 4 * KPW)
+        else:  # a piece: 4·KPW bytes of nibbles or bytes, 32·KPW / (4 or 8) fields
+            k_read = k_row + kc_c[None, None, :] * (KPW * (8 if K_MODE == 4 else 4) * PKR // D)
+        v_pt = _tile_perm(vc_t, V_MODE, D)[None, :, None]
         v_row = LUT_BYTES + vc_w[:, None, None] * WARP_BYTES + T * PK + v_pt * PVR
-        if V_BITS == 4:  # 8-byte pieces of 64-byte rows
-            v_chunk = (vc_c[None, None, :] >> 1) ^ ((v_pt >> 1) & 3)
-            v_read = v_row + v_chunk * 16 + (vc_c[None, None, :] & 1) * 8
-        elif V_BITS == 8:  # 16-byte pieces of 128-byte rows
-            v_read = v_row + (vc_c[None, None, :] ^ (v_pt & 7)) * 16
-        else:  # a piece: 16 fields
+        if V_BITS == V_MODE:
+            v_read = _native_read(v_row, vc_c[None, None, :], v_pt, PVR, VW // 2)
+        else:  # a piece: D/8 fields
             v_read = v_row + vc_c[None, None, :] * (PVR // 8)
         per_thread(V_STAGE, threads)
         staged = gl.program_id(0) * 0  # TMA stages issued (the mbarrier phase of the next one)
@@ -513,14 +606,14 @@ def _decode_lut_kernel(
     qb_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, OPB)))
     qb_d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, OPB)))
     qb_n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, OPB)))
-    qb_off = _k_phys(qb_d, K_MODE)[None, :, None] + qb_n[None, None, :] * D + qb_w[:, None, None] * 0
+    qb_off = _k_phys(qb_d, K_MODE, D)[None, :, None] + qb_n[None, None, :] * D + qb_w[:, None, None] * 0
     m_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
     m_n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
     m_r = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
     n_mask = m_n < G  # [8]
     qb_mask = (qb_n < G)[None, None, :]
-    RL_OUT: gl.constexpr = gl.SliceLayout(0, combine_layout(W))
-    o_r = gl.arange(0, D, layout=gl.SliceLayout(1, RL_OUT))[:, None]  # [128, 1] logical rows
+    RL_OUT: gl.constexpr = gl.SliceLayout(0, combine_layout(W, D))
+    o_r = gl.arange(0, D, layout=gl.SliceLayout(1, RL_OUT))[:, None]  # [D, 1] logical rows
     o_n = gl.arange(0, 8, layout=gl.SliceLayout(0, RL_OUT))[None, :]  # [1, 8] heads of the kv head
 
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -565,9 +658,8 @@ def _decode_lut_kernel(
         for t0 in range(start, end, STEP):
             if TMA:  # wait for the phase of the last stage
                 kwords, vwords = _tma_unstage_tile(
-                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, V_MODE, K_UNSTAGE, V_UNSTAGE,
-                    KPT,
-                )  # fmt: skip
+                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, VW, K_UNSTAGE, V_UNSTAGE, KPT
+                )
                 _tma_stage(
                     t0 + STEP, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map,
                     BLOCK_SIZE, STEP, ROWS, PKR, PVR, K_STAGE,
@@ -575,7 +667,7 @@ def _decode_lut_kernel(
                 staged += 1
                 box_bid = _tile_blocks(t0 + 2 * STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
             else:
-                kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, V_MODE, K_UNSTAGE, V_UNSTAGE, KPT)
+                kwords, vwords = _unstage_tile(k_any, v_any, W, T, KW, VW, K_UNSTAGE, V_UNSTAGE, KPT)
                 _stage_tile(
                     t0 + STEP, end, h, bid, k_tok, k_word, v_tok, v_word,
                     kp_ptr, skp_b, skp_o, skp_h, vp_ptr, svp_b, svp_o, svp_h, BLOCK_SIZE, W, T, NBT,
@@ -587,7 +679,8 @@ def _decode_lut_kernel(
             )  # fmt: skip
             bid = _tile_blocks(t0 + 2 * STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
 
-            k_op = gl.convert_layout(_k_operand(kwords, probe, W, T, K_MODE, K_ASM), OPA, assert_trivial=True)
+            k_hat = _k_operand(kwords, probe, W, T, K_MODE, K_ASM, D)
+            k_op = gl.convert_layout(k_hat, OPA, assert_trivial=True)
             qk = mma_v2(k_op, q, gl.zeros([W, T, 8], gl.float32, MMA))
             if K_MODE == 9:
                 qk = qk + gl.expand_dims(q_half, 1)
@@ -599,7 +692,8 @@ def _decode_lut_kernel(
             l_i = l_i * alpha + gl.sum(p, axis=1)
             pw = gl.where(gl.expand_dims(sv, 2), p * gl.expand_dims(vn, 2), 0.0)
             p_op = gl.convert_layout(_p_operand(pw, W, T), OPB, assert_trivial=True)
-            v_op = gl.convert_layout(_v_operand(vwords, probe, W, T, V_MODE, V_ASM), OPA, assert_trivial=True)
+            v_hat = _v_operand(vwords, probe, W, T, V_MODE, V_ASM, D)
+            v_op = gl.convert_layout(v_hat, OPA, assert_trivial=True)
             acc = mma_v2(v_op, p_op, acc * gl.expand_dims(alpha, 1))
             m_i = m_new
             kn, vn, sv = kn_next, vn_next, sv_next
@@ -608,12 +702,12 @@ def _decode_lut_kernel(
         inv = 1.0 / gl.where(has, l_i, 1.0)
         lse_w = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
         if COMBINE:  # the item's one partial
-            lse, out = combine_warps(buf, lse_w, acc * gl.expand_dims(inv, 1), threads, W, SMEM, TMA)
+            lse, out = combine_warps(buf, lse_w, acc * gl.expand_dims(inv, 1), threads, W, D, SMEM, TMA)
             part = (b * Hq + h * G + o_n).to(gl.int64) * P + s  # [1, 8]
             gl.store(pl_ptr + part, lse, mask=o_n < G)
-            gl.store(po_ptr + part * D + _v_phys(o_r, V_MODE), out, mask=(o_n < G) & (o_r < D))  # [128, 8]
+            gl.store(po_ptr + part * D + _v_phys(o_r, V_MODE, D), out, mask=(o_n < G) & (o_r < D))  # [D, 8]
         else:  # each warp's own
             part = (b * Hq + h * G + m_n[None, :]).to(gl.int64) * P + s * W + m_w[:, None]  # [W, 8]
             gl.store(pl_ptr + part, lse_w, mask=n_mask[None, :])
-            o_ptrs = po_ptr + gl.expand_dims(part * D, 1) + _v_phys(m_r, V_MODE)[None, :, None]
+            o_ptrs = po_ptr + gl.expand_dims(part * D, 1) + _v_phys(m_r, V_MODE, D)[None, :, None]
             gl.store(o_ptrs, acc * gl.expand_dims(inv, 1), mask=n_mask[None, None, :])

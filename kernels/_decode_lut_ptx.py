@@ -4,8 +4,11 @@ The CPU tests emulate the lookup text lane by lane and check the staging slots
 (tests/kernels/test_decode_lut_ptx.py).
 
 Modes: the key mode (4: nibble words, keys of 1–4 bits; 8: byte words, 5–8 bits; 9: uniform 8-bit keys by
-arithmetic) and the value mode (4: nibble words, values of 1–4 bits; 8: byte words, 5–8 bits) set the words
-a token's operand takes (16 or 32 per vector), hence its staging slots and the kernel's shared memory.
+arithmetic) and the value mode (4: nibble words, values of 1–4 bits; 8: byte words, 5–8 bits) set, with the
+head_dim D (64 or 128), the words a token's operand takes (D/8 or D/4 per vector), hence its staging pieces
+and slots and the kernel's shared memory. Pieces (a thread's copy unit, and its read-back unit): keys 16
+bytes, or 8 (key mode 4 at D = 64); values D/16 bytes (value mode 4) or D/8 (value mode 8), one eighth of
+a token's words.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import functools
 LUT_BYTES = 256 * 256  # the table: 256 entries × 256 bytes, at offset 0 of shared memory
 
 
-COMBINE_WARP_BYTES = 128 * 8 * 4  # a warp's output [128, 8] float32 in the combine of the warps' partials
 COMBINE_STATS_AT = 1024  # the combine's log-sum-exps ([≤ 16, 8] float32) at this byte of the last chunk
 # The proxy fence that orders a thread's shared-memory accesses before later TMA writes (one per thread).
 PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
@@ -23,27 +25,45 @@ PROXY_FENCE_ASM = "fence.proxy.async.shared::cta; mov.b32 $0, 0;"
 GRID_WAIT_ASM = "griddepcontrol.wait; mov.b32 $0, 0;"
 
 
-# A token's staging slot bytes (both staging paths), by key mode and by value mode: its 16 or 32 words.
-KEY_SLOT_BYTES = {4: 64, 8: 128, 9: 128}
-VALUE_SLOT_BYTES = {4: 64, 8: 128}
+def combine_warp_bytes(head_dim: int = 128) -> int:
+    """A warp's output [D, 8] float32 in the combine of the warps' partials."""
+    return head_dim * 8 * 4
 
 
-def shared_bytes(warps: int, tile: int, key_mode: int, value_mode: int) -> int:
+def key_words(key_mode: int, head_dim: int = 128) -> int:
+    """Words of a token's key operand: nibbles (key mode 4) or bytes (8, 9) of its D coordinates."""
+    return head_dim // 8 if key_mode == 4 else head_dim // 4
+
+
+def value_words(value_mode: int, head_dim: int = 128) -> int:
+    """Words of a token's value operand: nibbles (value mode 4) or bytes (8) of its D coordinates."""
+    return head_dim * value_mode // 32
+
+
+def key_piece_words(key_mode: int, head_dim: int = 128) -> int:
+    """Words of a key piece: 4 (16 bytes), or 2 where a token has 8 words (key mode 4 at D = 64), a thread
+    holding a quarter of each of its tokens' words (mma's operand A: 4 lanes of a row)."""
+    return min(4, key_words(key_mode, head_dim) // 4)
+
+
+def shared_bytes(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> int:
     """The kernel's shared memory, in 8 KiB chunks: the table; each warp's staging of one tile (TMA or
-    cp.async), the same bytes holding the warps' outputs (COMBINE_WARP_BYTES each) in the combine between
-    items; a last chunk: the TMA path's mbarriers, then the combine's log-sum-exps at COMBINE_STATS_AT (the
-    kernel computes it as a constexpr function, which may call no other function). At the default launch
-    (8 warps, 16-token tiles) 104 KiB for every mode: the combine's 32 KiB covers the largest staging (key
-    and value mode 8: 8 × 16 × 256 bytes), so two programs fit an H100/H200 SM's 228 KiB."""
-    token = KEY_SLOT_BYTES[key_mode] + VALUE_SLOT_BYTES[value_mode]
-    slots = max(warps * tile * token, warps * COMBINE_WARP_BYTES)
+    cp.async), the same bytes holding the warps' outputs (D·32 bytes each) in the combine between items; a
+    last chunk: the TMA path's mbarriers, then the combine's log-sum-exps at COMBINE_STATS_AT (the kernel
+    computes it as a constexpr function, which may call no other function). A token's slots: D/2 (mode 4) or
+    D (8, 9) key bytes and D·value_mode/8 value bytes. At the default launch (8 warps, 16-token tiles) 104
+    KiB at D = 128 for every mode (the combine's 32 KiB covers the largest staging, key and value mode 8:
+    8 × 16 × 256 bytes), 88 KiB at D = 64 (the combine's 16 KiB): two programs fit an H100/H200 SM's 228
+    KiB either way."""
+    token = head_dim * ((4 if key_mode == 4 else 8) + value_mode) // 8
+    slots = max(warps * tile * token, warps * head_dim * 32)
     return LUT_BYTES + -(-slots // 8192) * 8192 + 8192
 
 
-def warp_slot_bytes(tile: int, key_mode: int, value_mode: int) -> int:
-    """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES): its key slots, then its
-    value slots."""
-    return tile * (KEY_SLOT_BYTES[key_mode] + VALUE_SLOT_BYTES[value_mode])
+def warp_slot_bytes(tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> int:
+    """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES): its key slots (D/2 or D
+    bytes a token), then its value slots (D·value_mode/8 bytes a token); a constexpr function too."""
+    return tile * head_dim * ((4 if key_mode == 4 else 8) + value_mode) // 8
 
 
 def fill_asm(rows_per_thread: int) -> str:
@@ -153,28 +173,42 @@ def _stage_asm(start: int, size: int, pieces: int, warp_bytes: int, commit: bool
     return " ".join([*lines, "}"])
 
 
+def _load_words(regs: list[str], address: str) -> str:
+    """ld.shared of len(regs) (1, 2 or 4) words at `address` into regs."""
+    if len(regs) == 1:
+        return f"ld.shared.b32 {regs[0]}, {address};"
+    return f"ld.shared.v{len(regs)}.b32 {{{', '.join(regs)}}}, {address};"
+
+
 def _unstage_asm(start: int, size: int, pieces: int, warp_bytes: int, wait: bool) -> str:
-    """Piece p's words → $p, $n + p (, $2n + p, $3n + p) (n = pieces); the next n operands: unused. With
-    `wait`, first waits for all of this thread's copies."""
+    """Piece p's words → $p (, $n + p, …) (n = pieces); the next n operands: unused. With `wait`, first
+    waits for all of this thread's copies."""
     words = size // 4
     lines = ["{", *(["cp.async.wait_all;"] if wait else []), *_slot_prologue(start, size, warp_bytes)]
     for p in range(pieces):
-        regs = ", ".join(f"${k * pieces + p}" for k in range(words))
-        lines.append(f"ld.shared.v{words}.b32 {{{regs}}}, [b+{p * 32 * size}];")
+        lines.append(_load_words([f"${k * pieces + p}" for k in range(words)], f"[b+{p * 32 * size}]"))
     return " ".join([*lines, "}"])
 
 
+def key_pieces(tile: int, key_mode: int, head_dim: int = 128) -> tuple[int, int]:
+    """(key pieces per thread, piece bytes): each thread holds a quarter of the words of tile/8 tokens."""
+    size = 4 * key_piece_words(key_mode, head_dim)
+    return tile // 8 * key_words(key_mode, head_dim) // size, size
+
+
 @functools.cache
-def staging_asm(tile: int, key_mode: int, value_mode: int) -> tuple[str, str, str, str]:
-    """(key stage, value stage, key unstage, value unstage) PTX for `tile`-token tiles: 16-byte key pieces
-    ((tile/8)·(1 or 2) per thread), 8- or 16-byte value pieces (value mode 4 or 8; tile/4 per thread)."""
-    kp, vp, vsize = tile // 8 * (1 if key_mode == 4 else 2), tile // 4, 2 * value_mode
-    key_bytes = kp * 32 * 16
-    warp_bytes = warp_slot_bytes(tile, key_mode, value_mode)
+def staging_asm(tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> tuple[str, str, str, str]:
+    """(key stage, value stage, key unstage, value unstage) PTX for `tile`-token tiles: key pieces of 16
+    bytes, or 8 (key_pieces), (tile/8)·(1 or 2) per thread; value pieces of D/16 or D/8 bytes (value mode
+    4 or 8: a token's eighth), tile/4 per thread."""
+    kp, ksize = key_pieces(tile, key_mode, head_dim)
+    vp, vsize = tile // 4, value_words(value_mode, head_dim) // 2
+    key_bytes = kp * 32 * ksize
+    warp_bytes = warp_slot_bytes(tile, key_mode, value_mode, head_dim)
     return (
-        _stage_asm(0, 16, kp, warp_bytes, commit=False),
+        _stage_asm(0, ksize, kp, warp_bytes, commit=False),
         _stage_asm(key_bytes, vsize, vp, warp_bytes, commit=True),
-        _unstage_asm(0, 16, kp, warp_bytes, wait=True),
+        _unstage_asm(0, ksize, kp, warp_bytes, wait=True),
         _unstage_asm(key_bytes, vsize, vp, warp_bytes, wait=False),
     )
 
@@ -184,12 +218,13 @@ def staging_asm(tile: int, key_mode: int, value_mode: int) -> tuple[str, str, st
 # every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
 # bytes at m·Pk), then its value boxes (at tile·Sk + m·Pv; Sk: a token's key slot), each row's 16-byte
 # chunks swizzled by the TMA (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at
-# c ^ (m & 7)). The mbarriers (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
+# c ^ (m & 7); other rows, a multiple of 16 bytes, as they are). The mbarriers (8 bytes per warp) open the
+# last 8 KiB chunk (shared_bytes).
 
 
-def _mbarrier(warps: int, tile: int, key_mode: int, value_mode: int) -> list[str]:
+def _mbarrier(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> list[str]:
     """m ← the shared address of this warp's mbarrier; s ← global_smem."""
-    start = shared_bytes(warps, tile, key_mode, value_mode) - 8192
+    start = shared_bytes(warps, tile, key_mode, value_mode, head_dim) - 8192
     return [
         "mov.u32 s, global_smem;", "mov.u32 m, %tid.x;", "shr.u32 m, m, 5;", "shl.b32 m, m, 3;",
         "add.u32 m, m, s;", f"add.u32 m, m, {start};",
@@ -197,24 +232,24 @@ def _mbarrier(warps: int, tile: int, key_mode: int, value_mode: int) -> list[str
 
 
 @functools.cache
-def tma_init_asm(warps: int, tile: int, key_mode: int, value_mode: int) -> str:
+def tma_init_asm(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> str:
     """Lane 0 of each warp initialises its mbarrier for 32 arrivals, then the warp syncs ($0: unused)."""
     return " ".join([
-        "{", ".reg .b32 s, m, l;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode, value_mode),
+        "{", ".reg .b32 s, m, l;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode, value_mode, head_dim),
         "mov.u32 l, %laneid;", "setp.eq.u32 p, l, 0;", "@p mbarrier.init.shared::cta.b64 [m], 32;",
         "fence.mbarrier_init.release.cluster;", "bar.warp.sync -1;", "mov.b32 $0, 0;", "}",
     ])  # fmt: skip
 
 
 @functools.cache
-def tma_stage_asm(warps: int, tile: int, key_mode: int, value_mode: int) -> str:
+def tma_stage_asm(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> str:
     """One lane's TMA box of a tile and its arrival on the warp's mbarrier expecting the box's bytes ($1: the
     tensor map's global address; $2, $3, $4: the box's head, offset in its block and block coordinates;
     $5: its shared offset from global_smem; $6: its bytes, 0 for no box; $0: unused). The proxy fence and
     the warp sync order every lane's earlier reads of the slots before the boxes overwrite them."""
     return " ".join([
         "{", ".reg .b32 s, m, x, z;", ".reg .pred p;", ".reg .b64 st;",
-        *_mbarrier(warps, tile, key_mode, value_mode),
+        *_mbarrier(warps, tile, key_mode, value_mode, head_dim),
         "fence.proxy.async.shared::cta;", "bar.warp.sync -1;", "mov.u32 z, 0;",
         "mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], $6;", "setp.ne.u32 p, $6, 0;",
         "add.u32 x, $5, s;",
@@ -233,23 +268,24 @@ def native_bits(mode: int) -> int:
 @functools.cache
 def tma_unstage_asm(
     warps: int, tile: int, key_mode: int, value_mode: int, k_bits: int | None = None,
-    v_bits: int | None = None,
+    v_bits: int | None = None, head_dim: int = 128,
 ) -> tuple[str, str]:  # fmt: skip
-    """(keys, values) read-back PTX. Keys: waits for the phase of parity $5n of this warp's mbarrier, then
-    reads piece p (16 bytes of the key mode's words) at shared offset $4n + p into $p, $n + p, $2n + p,
-    $3n + p (n: key pieces per thread). Values: piece p (8 bytes of nibble words in value mode 4, 16 bytes
-    of byte words in value mode 8) at offset $2n + p into $p, $n + p, or at $4n + p into $p … $3n + p
-    (n: value pieces per thread); no wait (the keys' wait covers the tile). Offsets are from global_smem.
-    Widths other than the mode's own (k_bits, v_bits; None: the mode's own): each piece's packed bits are
-    read from the byte offset of its first field and spread into the words the mode takes
-    (spread_piece_asm)."""
-    n = (1 if key_mode == 4 else 2) * tile // 8
-    keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;", *_mbarrier(warps, tile, key_mode, value_mode),
-            "WAIT_${:uid}:", f"mbarrier.try_wait.parity.shared::cta.b64 p, [m], ${5 * n};",
+    """(keys, values) read-back PTX. Keys: waits for the phase of parity $(k+1)n of this warp's mbarrier,
+    then reads piece p (k = 4 words, or 2: key_pieces) at shared offset $kn + p into $p, $n + p, …
+    (n: key pieces per thread). Values: piece p (k = D/64 words of nibbles in value mode 4, D/32 of bytes in
+    value mode 8) at offset $kn + p into $p, $n + p, … (n: value pieces per thread); no wait (the keys' wait
+    covers the tile). Offsets are from global_smem. Widths other than the mode's own (k_bits, v_bits; None:
+    the mode's own): each piece's packed bits are read from the byte offset of its first field and spread
+    into the words the mode takes (spread_piece_asm)."""
+    n, size = key_pieces(tile, key_mode, head_dim)
+    words = size // 4
+    keys = ["{", ".reg .b32 s, m, b;", ".reg .pred p;",
+            *_mbarrier(warps, tile, key_mode, value_mode, head_dim), "WAIT_${:uid}:",
+            f"mbarrier.try_wait.parity.shared::cta.b64 p, [m], ${(words + 1) * n};",
             "@!p bra WAIT_${:uid};"]  # fmt: skip
-    keys += _read_pieces(key_mode, k_bits, n, 4)
+    keys += _read_pieces(key_mode, k_bits, n, words)
     values = ["{", ".reg .b32 s, b;", "mov.u32 s, global_smem;"]
-    values += _read_pieces(value_mode, v_bits, tile // 4, value_mode // 2)
+    values += _read_pieces(value_mode, v_bits, tile // 4, value_words(value_mode, head_dim) // 8)
     return " ".join([*keys, "}"]), " ".join([*values, "}"])
 
 
@@ -261,7 +297,7 @@ def _read_pieces(mode: int, bits: int | None, n: int, words: int) -> list[str]:
     if bits is None or bits == native_bits(mode):
         lines = []
         for out, offset in zip(outputs, offsets, strict=True):
-            lines += [f"add.u32 b, {offset}, s;", f"ld.shared.v{words}.b32 {{{', '.join(out)}}}, [b];"]
+            lines += [f"add.u32 b, {offset}, s;", _load_words(out, "[b]")]
         return lines
     return [spread_piece_asm(bits, 8 if mode == 4 else 4, n, outputs, offsets)]
 
@@ -274,11 +310,13 @@ def spread_piece_asm(
     bits: int, fields: int, pieces: int, outputs: list[list[str]], offsets: list[str]
 ) -> str:  # fmt: skip
     """Read and spread `pieces` pieces (s: global_smem set): piece p's first field at shared byte offset
-    offsets[p] (whole bytes; a piece of 16 fields of an odd width may start half way into a word), its
-    len(outputs[p]) words of `fields` fields each, `32 // fields`-bit slots, into outputs[p]."""
+    offsets[p] (whole bytes; pieces of a whole number of half words, which start half way into a word where
+    they are not a whole number of words), its len(outputs[p]) words of `fields` fields each,
+    `32 // fields`-bit slots, into outputs[p]."""
     slot = 32 // fields
     piece_bits = len(outputs[0]) * fields * bits
-    unaligned = bits % 2 == 1 and piece_bits % 32 != 0  # pieces after the first start at bit 16
+    assert piece_bits % 16 == 0
+    unaligned = piece_bits % 32 != 0  # odd pieces start at bit 16
     words = -(-(piece_bits + (16 if unaligned else 0)) // 32)
     regs = ", ".join(f"w{i}" for i in range(words))
     lines = ["{", f".reg .b32 a, g, x, {regs};"]

@@ -36,26 +36,31 @@ def per_thread(asm: gl.constexpr, threads):
 
 
 @constexpr_function
-def combine_layout(W):
-    """The combine's read-back [W, 128, 8]: thread (r, q) of a warp holds all W warps' row r, heads 4q … 4q+3
-    (16-byte reads, a warp's 512 contiguous bytes per read)."""
-    return gl.BlockedLayout([W, 1, 4], [1, 16, 2], [1, W, 1], [2, 1, 0])
+def combine_layout(W, D):
+    """The combine's read-back [W, D, 8]: thread (r, q) of a warp holds all W warps' row r, heads 4q … 4q+3
+    (D = 128: 16-byte reads, a warp's 512 contiguous bytes per read) or 2q, 2q+1 (D = 64: 8-byte reads, 256
+    bytes), the program's threads covering 16·W rows (D = 128) or 8·W (D = 64)."""
+    if D == 128:
+        return gl.BlockedLayout([W, 1, 4], [1, 16, 2], [1, W, 1], [2, 1, 0])
+    return gl.BlockedLayout([W, 1, 2], [1, 8, 4], [1, W, 1], [2, 1, 0])
 
 
 @gluon.jit
-def combine_warps(buf, lse_w, out_w, threads, W: gl.constexpr, SMEM: gl.constexpr, TMA: gl.constexpr):
+def combine_warps(
+    buf, lse_w, out_w, threads, W: gl.constexpr, D: gl.constexpr, SMEM: gl.constexpr, TMA: gl.constexpr
+):  # fmt: skip
     """The program's partial of an item from its warps' partials (log-sum-exps lse_w [W, 8], normalised
-    outputs out_w [W, 128, 8] with rows in logical order), through shared memory: the outputs in the staging
+    outputs out_w [W, D, 8] with rows in logical order), through shared memory: the outputs in the staging
     slots' bytes (idle between items: every warp has waited for its last tile), the log-sum-exps in the last
-    chunk. Returns the log-sum-exp [1, 8] and the output [128, 8] (rows in logical order), in the layout
-    SliceLayout(0, combine_layout(W)): thread (r, q) holds row r's heads 4q … 4q+3."""
-    RL: gl.constexpr = combine_layout(W)
-    # row-major views of the one buffer: the outputs [W, 128, 8] from chunk LUT_BYTES / 8192 on (W / 2
+    chunk. Returns the log-sum-exp [1, 8] and the output [D, 8] (rows in logical order), in the layout
+    SliceLayout(0, combine_layout(W, D)): thread (r, q) holds row r's heads 4q … 4q+3 (or 2q, 2q+1)."""
+    RL: gl.constexpr = combine_layout(W, D)
+    # row-major views of the one buffer: the outputs [W, D, 8] from chunk LUT_BYTES / 8192 on (W·D / 256
     # chunks; `index` gives the first chunk's address, the view extends over the next ones), the
     # log-sum-exps [W, 8] at COMBINE_STATS_AT in the last chunk
     gl.static_assert(W % 2 == 0)
     outs = buf.index(LUT_BYTES // 8192)._reinterpret(
-        gl.float32, [W, 128, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        gl.float32, [W, D, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     )
     lses = (
         buf.index(SMEM // 8192 - 1)

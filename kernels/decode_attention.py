@@ -11,12 +11,13 @@ launch configuration of the calls it serves.
 Three launches (two with rotate_in_split), no host synchronisation: the query rotation, the split kernel
 (rotated-domain scoring, each K/V byte read once per kv head for all its query heads, online softmax over
 TILE-token tiles) and the merge kernel (log-sum-exp merge of the splits, one rotation back).
-Split kernels: on CUDA with 16-bit queries, head_dim 128, keys and values of 1–8 bits and enough work
-(config.lut_min_work), the Gluon kernel _decode_lut_kernel, launched by decode_lut.py (mma.sync, lookups
-in shared memory; widths other than K4V4, K8V4, K4V8 and K8V8 on sm_90+ only; GPU only: its PTX text is
-emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs it). Where its compile check fails, the
-Triton kernels serve that launch configuration and widths on that kind of device from then on (decode_lut's
-compile-failure memo). Shared launch pieces (split planning, rotation, merge) are in _decode_launch.py.
+Split kernels: on CUDA with 16-bit queries, head_dim 128 (keys and values of 1–8 bits) or 64 (of 2, 4, 6 or
+8 bits) and enough work (config.lut_min_work), the Gluon kernel _decode_lut_kernel, launched by
+decode_lut.py (mma.sync, lookups in shared memory; widths other than K4V4, K8V4, K4V8 and K8V8 on sm_90+
+only; GPU only: its PTX text is emulated in tests/kernels/test_decode_lut_ptx.py, test_gpu.py runs it).
+Where its compile check fails, the Triton kernels serve that launch configuration and widths on that kind of
+device from then on (decode_lut's compile-failure memo). Shared launch pieces (split planning, rotation,
+merge) are in _decode_launch.py.
 Otherwise the Triton _decode_perfield_kernel (every width 1–8 for K and V),
 whose 4-bit lookup on the GPU is inline PTX (register permutes) that the interpreter replaces by a table
 gather (test_decode_tables.py).
@@ -100,7 +101,7 @@ class DecodeWorkspace:
         tokens = block_tables.shape[1] * block_size
         partials = max(
             plan_num_splits(batch, num_kv_heads, tokens, query.device, config=config),
-            lut_partials(batch, num_kv_heads, tokens, query.device, config),
+            lut_partials(batch, num_kv_heads, tokens, query.device, config, head_dim),
         )
         dev = query.device
         return cls(

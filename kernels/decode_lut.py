@@ -5,8 +5,10 @@ DecodeLaunchConfig, passed to every function here.
 Provides:
     lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config) -> key mode or 0
     lut_value_mode(v_bits) -> 4 or 8               the value mode (values of 1–4 bits or of 5–8)
-    lut_serves(k_bits, v_bits, head_dim) -> bool   the widths the Gluon kernel is built for
-    lut_partials(batch, num_kv_heads, max_tokens, device, config) -> partials per query head it needs
+    lut_serves(k_bits, v_bits, head_dim) -> bool   the widths and head_dims the Gluon kernel is built for
+    lut_takes(k_bits, v_bits, head_dim, config) -> bool   those it takes under a launch config
+    lut_partials(batch, num_kv_heads, max_tokens, device, config, head_dim) -> partials per query head it
+        needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
     lut_compile_failed(device, config, widths), note_lut_compile_failure(device, config, widths, err)   the
         memo below
@@ -15,8 +17,9 @@ Provides:
 Compile-failure memo: before the first launch of a configuration, launch_lut compiles the kernel and checks
 its shared memory (_check_lut_compile); where a Triton compiles it to something its inline PTX cannot rely
 on, it raises LutUnsupported. tq_decode_attention then notes the failure here, keyed by the device's
-capability and the config fields the kernel's compile-time parameters come from, and takes the Triton
-kernels for that key from then on. This caches a compile failure of one launch configuration on one kind of
+capability and the config fields the kernel's compile-time parameters come from (not the head_dim: a failure
+at one head_dim takes the other to the Triton kernels too), and takes the Triton kernels for that key from
+then on. This caches a compile failure of one launch configuration on one kind of
 device for the process; it changes no setting, and other configurations still try the Gluon kernel.
 """
 
@@ -29,6 +32,7 @@ import torch
 
 from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries, use_pdl
+from ._decode_lut_ptx import key_pieces, value_words
 from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
 from ._tensor_map import box_map
 from .launch_config import DecodeLaunchConfig
@@ -51,9 +55,20 @@ NATIVE_WIDTHS = ((4, 4), (8, 4), (4, 8), (8, 8))
 
 def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
     """Whether the Gluon kernel is built for these widths and head_dim: keys and values of 1–8 bits at
-    head_dim 128 (other head_dims decode on the Triton kernel). Widths other than NATIVE_WIDTHS need TMA
-    (sm_90+)."""
-    return 1 <= k_bits <= 8 and 1 <= v_bits <= 8 and head_dim == 128
+    head_dim 128; of 2, 4, 6 or 8 bits at head_dim 64 (other head_dims decode on the Triton kernel). Widths
+    other than NATIVE_WIDTHS need TMA (sm_90+), whose boxes take rows of a multiple of 16 bytes: a packed
+    row is head_dim·bits/8 bytes, 8·bits at head_dim 64, so odd widths there (rows of 8, 24, 40, 56 bytes,
+    the caches' head strides too where heads are packed densely) have no TMA box and no 16-byte copy, and
+    take the Triton kernel."""
+    if not (1 <= k_bits <= 8 and 1 <= v_bits <= 8):
+        return False
+    return head_dim == 128 or (head_dim == 64 and k_bits % 2 == 0 and v_bits % 2 == 0)
+
+
+def lut_takes(k_bits: int, v_bits: int, head_dim: int, config: DecodeLaunchConfig) -> bool:
+    """Whether decodes of these widths and head_dim take the Gluon kernel under `config` (where the device,
+    dtypes and caches allow: lut_mode_of): lut_serves, at a head_dim of config.lut_head_dims."""
+    return head_dim in config.lut_head_dims and lut_serves(k_bits, v_bits, head_dim)
 
 
 def lut_value_mode(v_bits: int) -> int:
@@ -66,22 +81,30 @@ def lut_mode_of(
 ) -> int:
     """The Gluon kernel's key mode where it applies (4: nibble operands, keys of 1–4 bits; 8: byte operands,
     5–8 bits; 9: uniform 8-bit keys by arithmetic), else 0; its value mode follows from the value width
-    (lut_value_mode). Where: config.lut_kernel, CUDA (sm_80+), 16-bit queries, lut_serves' widths, G ≤ 8, a
-    power-of-two block size, and packed caches it can copy in 16-byte (keys) and 8- or 16-byte (values of
-    value mode 4 or 8) pieces; widths off NATIVE_WIDTHS only with TMA staging (sm_90+, 16-byte aligned
-    caches, config.lut_tma) and blocks of at least 8 tokens."""
+    (lut_value_mode). Where: config.lut_kernel, CUDA (sm_80+), 16-bit queries, lut_serves' widths and
+    head_dim, G ≤ 8, a power-of-two block size of at least 8 tokens (a block piece is a register dimension of
+    the kernel's layouts: 8 tokens, an MMA row group, at least), and packed caches it can copy in its pieces
+    (_decode_lut_ptx: keys 16 bytes, or 8 at head_dim 64 in key mode 4; values an eighth of a token's operand
+    words); widths off NATIVE_WIDTHS only with TMA staging (sm_90+, 16-byte aligned caches, config.lut_tma;
+    boxes of ≥ 8 rows of a multiple of 16 bytes: 128-byte aligned slots)."""
     if not (config.lut_kernel and HAVE_GLUON and query.is_cuda and not interpreting()):
         return 0
-    if query.dtype not in (torch.float16, torch.bfloat16) or group > 8 or block_size & (block_size - 1):
+    if query.dtype not in (torch.float16, torch.bfloat16) or group > 8:
         return 0
-    if not lut_serves(k_codec.bits, v_codec.bits, query.shape[-1]):
+    if block_size < 8 or block_size & (block_size - 1):
+        return 0
+    head_dim = query.shape[-1]
+    if not lut_takes(k_codec.bits, v_codec.bits, head_dim, config):
         return 0
     if _capability(cuda_index(query.device)) < (8, 0):
         return 0
-    if not (_aligned_words(k_packed, 16) and _aligned_words(v_packed, 2 * lut_value_mode(v_codec.bits))):
+    key_mode = 4 if k_codec.bits <= 4 else 8
+    key_piece = key_pieces(16, key_mode, head_dim)[1]
+    value_piece = value_words(lut_value_mode(v_codec.bits), head_dim) // 2
+    if not (_aligned_words(k_packed, key_piece) and _aligned_words(v_packed, value_piece)):
         return 0
-    spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS  # boxes of ≥ 8 rows: 128-byte aligned slots
-    if spread and (block_size < 8 or not _use_tma(k_packed, v_packed, config)):
+    spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS
+    if spread and not _use_tma(k_packed, v_packed, config):
         return 0
     if k_codec.bits <= 4:
         return 4
@@ -105,16 +128,16 @@ _REGISTERS_PER_SM = 65536  # every CUDA architecture the kernel runs on (sm_80+)
 
 
 def lut_programs_per_sm(
-    device: torch.device, key_mode: int, value_mode: int, config: DecodeLaunchConfig
+    device: torch.device, key_mode: int, value_mode: int, config: DecodeLaunchConfig, head_dim: int = 128
 ) -> int:
     """Programs of the Gluon kernel resident per SM: config.lut_programs_per_sm, or (None) as many as its
-    shared memory (_decode_lut_ptx.shared_bytes: 64 KiB + warps · tile · 128 to 256 bytes, and 1 KiB
-    reserved per program), registers (lut_maxnreg, else 255) and warps allow."""
+    shared memory (_decode_lut_ptx.shared_bytes: 64 KiB + warps · tile · head_dim to 2·head_dim bytes, and
+    1 KiB reserved per program), registers (lut_maxnreg, else 255) and warps allow."""
     if config.lut_programs_per_sm is not None:
         return config.lut_programs_per_sm
     warps, tile = config.lut_warps, config.lut_tile
     smem_sm, threads_sm = _sm_limits(cuda_index(device))
-    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode, value_mode) + 1024)
+    by_smem = smem_sm // (_lut.shared_bytes(warps, tile, key_mode, value_mode, head_dim) + 1024)
     regs = -(-(config.lut_maxnreg or 255) * 32 // 256) * 256 * warps  # allocated per warp in units of 256
     return max(1, min(by_smem, _REGISTERS_PER_SM // regs, threads_sm // (32 * warps)))
 
@@ -176,13 +199,14 @@ def lut_pdl(items: int, programs: int, steps: int, config: DecodeLaunchConfig) -
 
 
 def lut_partials(
-    batch: int, num_kv_heads: int, max_tokens: int, device: torch.device, config: DecodeLaunchConfig
-) -> int:
+    batch: int, num_kv_heads: int, max_tokens: int, device: torch.device, config: DecodeLaunchConfig,
+    head_dim: int = 128,
+) -> int:  # fmt: skip
     """Partials per query head of the Gluon kernel (per split: one, or one per warp), the most any key and
-    value mode needs; 0 where it cannot run."""
+    value mode needs at this head_dim; 0 where it cannot run."""
     if not (HAVE_GLUON and device.type == "cuda"):
         return 0
-    per_sm = {lut_programs_per_sm(device, k, v, config) for k in (4, 8, 9) for v in (4, 8)}
+    per_sm = {lut_programs_per_sm(device, k, v, config, head_dim) for k in (4, 8, 9) for v in (4, 8)}
     splits = (lut_splits(batch, num_kv_heads, max_tokens, device, n, config) for n in per_sm)
     return max(n if lut_combines(max_tokens, n, config) else n * config.lut_warps for n in splits)
 
@@ -192,7 +216,7 @@ def launch_lut(
     workspace, out, key_mode, config: DecodeLaunchConfig,
 ) -> torch.Tensor:  # fmt: skip
     """Query rotation, the Gluon split kernel (partials in natural rotated order) and the merge."""
-    batch, num_q_heads, _ = query.shape
+    batch, num_q_heads, head_dim = query.shape
     num_kv_heads, block_size = k_packed.shape[2], k_packed.shape[1]
     group = num_q_heads // num_kv_heads
     dev = query.device
@@ -200,7 +224,7 @@ def launch_lut(
     max_tokens = block_tables.shape[1] * block_size
     value_mode = lut_value_mode(v_codec.bits)
     modes = (key_mode, value_mode)
-    per_sm = lut_programs_per_sm(dev, *modes, config)
+    per_sm = lut_programs_per_sm(dev, *modes, config, head_dim)
     splits = lut_splits(batch, num_kv_heads, max_tokens, dev, per_sm, config)
     warps, tile = config.lut_warps, config.lut_tile
     step = warps * tile
@@ -223,13 +247,13 @@ def launch_lut(
     tma = maps is not None
     widths = (k_codec.bits, v_codec.bits)
     if tma:  # stage: the boxes, the mbarrier init, the key and value read-backs
-        init = _lut.tma_init_asm(warps, tile, *modes)
-        unstage = _lut.tma_unstage_asm(warps, tile, *modes, *widths)
-        stage = (_lut.tma_stage_asm(warps, tile, *modes), init, *unstage)
+        init = _lut.tma_init_asm(warps, tile, *modes, head_dim)
+        unstage = _lut.tma_unstage_asm(warps, tile, *modes, *widths, head_dim)
+        stage = (_lut.tma_stage_asm(warps, tile, *modes, head_dim), init, *unstage)
     elif widths not in NATIVE_WIDTHS:
         raise LutUnsupported(f"K{widths[0]}V{widths[1]} needs TMA staging, and the driver made no tensor map")
     else:
-        maps, stage = (0, 0), _lut.staging_asm(tile, *modes)
+        maps, stage = (0, 0), _lut.staging_asm(tile, *modes, head_dim)
     args = (
         workspace.q_rot_f16, kw, *kw.stride()[:3], k_norms, *k_norms.stride(),
         vw, *vw.stride()[:3], v_norms, *v_norms.stride(), table, *maps,
@@ -239,13 +263,14 @@ def launch_lut(
     )  # fmt: skip
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
-        V_MODE=value_mode, V_ASM=v_asm, K_BITS=widths[0], V_BITS=widths[1], W=warps, T=tile, K_STAGE=stage[0],
-        V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine, PDL=pdl,
+        V_MODE=value_mode, V_ASM=v_asm, K_BITS=widths[0], V_BITS=widths[1], D=head_dim, W=warps, T=tile,
+        K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine,
+        PDL=pdl,
         num_warps=warps, maxnreg=config.lut_maxnreg, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     capability = _capability(cuda_index(dev))
     strides = (*kw.stride()[1:3], *k_norms.stride()[1:], *vw.stride()[1:3], *v_norms.stride()[1:])
-    shared = _lut.shared_bytes(warps, tile, *modes)
+    shared = _lut.shared_bytes(warps, tile, *modes, head_dim)
     _check_lut_compile(args, constexprs, grid, shared, (capability, strides))
     LAST_COMPILED["split"] = _lut._decode_lut_kernel[grid](*args, **constexprs)
     return merge(workspace, partials, vt.rot, out, config)

@@ -76,6 +76,10 @@ class DecodeLaunchConfig:
     most this many tile steps (decode_lut.lut_combines)."""
     lut_tma: bool = True
     """Gluon kernel: packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)."""
+    lut_head_dims: tuple[int, ...] = (128,)
+    """Gluon kernel: the head_dims whose decodes it takes, of those it is built for (decode_lut.lut_serves:
+    128 and 64). 64 is built and checked on the CPU (its PTX emulated, its layouts replayed, compiled under
+    Triton 3.6 and 3.8) but has not yet run on a GPU: add it to try it; the default takes it once it has."""
     lut_min_wave_fill: float = 0.9
     """Gluon kernel: its split planning's min_wave_fill."""
     lut_pdl_max_steps: int | None = 8
@@ -104,6 +108,9 @@ class DecodeLaunchConfig:
         _number(self, "lut_min_wave_fill", 0.0, 1.0)
         _integer(self, "lut_pdl_max_steps", 0, optional=True)
         _integer(self, "lut_programs_per_sm", 1, optional=True)
+        dims = self.lut_head_dims
+        if not (isinstance(dims, tuple) and dims and all(d in (64, 128) and type(d) is int for d in dims)):
+            _fail(self, "lut_head_dims", "a non-empty tuple of head_dims from (64, 128)")
 
 
 @dataclass(frozen=True)

@@ -156,10 +156,12 @@ def _note_decode_speed(spec, head_size: int, capability: tuple[int, int]) -> Non
     """One warning per codec and device kind where decode runs on the Triton split kernel (measured 2–17×
     slower per byte read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35): head_dims
     other than 128, and widths off the Gluon kernel's native ones before Hopper."""
-    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_serves
+    from tiercache.kernels import DecodeLaunchConfig
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes
 
     widths = (spec.key_bits, spec.value_bits)
-    if not lut_serves(*widths, head_size) or (widths not in NATIVE_WIDTHS and capability < (9, 0)):
+    taken = lut_takes(*widths, head_size, DecodeLaunchConfig())
+    if not taken or (widths not in NATIVE_WIDTHS and capability < (9, 0)):
         _LOG.warning(
             "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel on "
             "this GPU (sm_%d%d), measured 2-17x slower per byte read than K4V4 on an H200; the fast decode "

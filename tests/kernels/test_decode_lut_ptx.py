@@ -184,7 +184,7 @@ def _store_addresses(asm: str, per_thread: int, lane: int) -> list[int]:
     return log.addresses
 
 
-_MEMORY_OPS = re.compile(r"(cp\.async|ld\.shared\.v|setp|@q|mov\.b32 \$)")
+_MEMORY_OPS = re.compile(r"(cp\.async|ld\.shared\.|setp|@q|mov\.b32 \$)")
 
 
 def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
@@ -200,34 +200,44 @@ def staging_slots(asm: str, warps: int) -> dict[tuple[int, int, int], int]:
     return slots
 
 
-# tile, key mode, value mode, warps
-STAGING_CASES = [(32, 4, 4, 4), (32, 8, 4, 8), (64, 4, 4, 4), (64, 9, 4, 8), (16, 4, 4, 16), (16, 4, 8, 8),
-                 (16, 8, 8, 8), (32, 9, 8, 4), (64, 8, 8, 2), (16, 4, 8, 16)]  # fmt: skip
+def token_bytes(key_mode: int, value_mode: int, head_dim: int) -> int:
+    """A token's key and value operand words in bytes: D/2 or D (key mode 4 or 8, 9), D·value_mode/8."""
+    return head_dim // 8 * ((4 if key_mode == 4 else 8) + value_mode)
 
 
-@pytest.mark.parametrize("tile,key_mode,value_mode,warps", STAGING_CASES)
-def test_staging_slots_fit_and_never_overlap(tile, key_mode, value_mode, warps):
+# tile, key mode, value mode, warps, head_dim
+STAGING_CASES = [(32, 4, 4, 4, 128), (32, 8, 4, 8, 128), (64, 4, 4, 4, 128), (64, 9, 4, 8, 128),
+                 (16, 4, 4, 16, 128), (16, 4, 8, 8, 128), (16, 8, 8, 8, 128), (32, 9, 8, 4, 128),
+                 (64, 8, 8, 2, 128), (16, 4, 8, 16, 128), (16, 4, 4, 8, 64), (32, 4, 8, 4, 64),
+                 (16, 8, 4, 8, 64), (64, 9, 8, 2, 64), (16, 8, 8, 16, 64), (32, 9, 4, 4, 64)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tile,key_mode,value_mode,warps,head_dim", STAGING_CASES)
+def test_staging_slots_fit_and_never_overlap(tile, key_mode, value_mode, warps, head_dim):
     """Each piece of every thread has its own slot past the table and inside the kernel's shared memory; the
     copy and the read of a piece use the same slots; a warp's 32 lanes of one piece are contiguous. Key
-    pieces: 16 bytes; value pieces: 8 bytes (value mode 4) or 16 (8)."""
-    k_stage, v_stage, k_unstage, v_unstage = lut.staging_asm(tile, key_mode, value_mode)
+    pieces: 16 bytes (8 in key mode 4 at head_dim 64); value pieces: a token's eighth, D/16 bytes (value
+    mode 4) or D/8 (8)."""
+    k_stage, v_stage, k_unstage, v_unstage = lut.staging_asm(tile, key_mode, value_mode, head_dim)
     assert staging_slots(k_stage, warps) == staging_slots(k_unstage, warps)
     assert staging_slots(v_stage, warps) == staging_slots(v_unstage, warps)
-    v_size = 2 * value_mode
-    assert f"cp.async.{'cg' if v_size == 16 else 'ca'}.shared.global [b+0], [$" in v_stage
-    assert f"ld.shared.v{v_size // 4}.b32" in v_unstage
-    pieces = [(staging_slots(k_stage, warps), 16), (staging_slots(v_stage, warps), v_size)]
-    assert len(pieces[0][0]) == warps * 32 * tile // 8 * (1 if key_mode == 4 else 2)
+    k_size = 8 if (key_mode, head_dim) == (4, 64) else 16
+    v_size = head_dim * value_mode // 64
+    for stage, unstage, size in ((k_stage, k_unstage, k_size), (v_stage, v_unstage, v_size)):
+        assert f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [b+0], [$" in stage
+        assert ("ld.shared.b32 $0," if size == 4 else f"ld.shared.v{size // 4}.b32 {{$0,") in unstage
+    pieces = [(staging_slots(k_stage, warps), k_size), (staging_slots(v_stage, warps), v_size)]
+    key_bytes = token_bytes(key_mode, 4, head_dim) - head_dim // 2  # a token's key words
+    assert len(pieces[0][0]) == warps * 32 * tile // 8 * key_bytes // (4 * k_size)  # a quarter per thread
     assert len(pieces[1][0]) == warps * 32 * tile // 4
-    covered = np.zeros(lut.shared_bytes(warps, tile, key_mode, value_mode), dtype=np.int64)
+    covered = np.zeros(lut.shared_bytes(warps, tile, key_mode, value_mode, head_dim), dtype=np.int64)
     for slots, size in pieces:
         for (w, lane, p), start in slots.items():
             assert start % size == 0 and start >= lut.LUT_BYTES.value
             covered[start : start + size] += 1
             if lane:
                 assert start == slots[(w, lane - 1, p)] + size
-    token_bytes = (16 if key_mode == 4 else 32) * 4 + 4 * value_mode * 4
-    slot_end = lut.LUT_BYTES.value + warps * tile * token_bytes
+    slot_end = lut.LUT_BYTES.value + warps * tile * token_bytes(key_mode, value_mode, head_dim)
     assert (covered[lut.LUT_BYTES.value : slot_end] == 1).all()  # the staging fills its part exactly once
     assert not covered[slot_end:].any() and slot_end <= len(covered) - 8192  # and leaves the last chunk
 
@@ -237,36 +247,40 @@ REGION_CASES = [(16, 4, 4, 8), (16, 8, 4, 8), (32, 4, 4, 4), (32, 9, 4, 2), (16,
                 (16, 8, 8, 8), (16, 9, 8, 16), (32, 8, 8, 4), (64, 4, 8, 2)]  # fmt: skip
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("tile,key_mode,value_mode,warps", REGION_CASES)
-def test_shared_regions_stay_apart(tma, tile, key_mode, value_mode, warps):
+def test_shared_regions_stay_apart(tma, tile, key_mode, value_mode, warps, head_dim):
     """The kernel's shared memory (8 KiB chunks): the table; the staging slots, whose bytes the combine of
-    the warps' outputs reuses between items; the last chunk: each warp's mbarrier (TMA, placed by the PTX),
-    then the combine's log-sum-exps. Nothing reaches past the buffer and the last chunk's parts do not
-    overlap."""
-    smem = lut.shared_bytes(warps, tile, key_mode, value_mode)
+    the warps' outputs ([D, 8] float32 each) reuses between items; the last chunk: each warp's mbarrier
+    (TMA, placed by the PTX), then the combine's log-sum-exps. Nothing reaches past the buffer and the last
+    chunk's parts do not overlap."""
+    smem = lut.shared_bytes(warps, tile, key_mode, value_mode, head_dim)
     assert smem % 8192 == 0
-    warp_slots = lut_ptx.warp_slot_bytes(tile, key_mode, value_mode)  # both paths: 16 or 32 words each
-    assert warp_slots == tile * ((16 if key_mode == 4 else 32) + 4 * value_mode) * 4
-    slots_end = lut_ptx.LUT_BYTES + warps * max(warp_slots, lut_ptx.COMBINE_WARP_BYTES)
+    warp_slots = lut_ptx.warp_slot_bytes(tile, key_mode, value_mode, head_dim)  # both paths
+    assert warp_slots == tile * token_bytes(key_mode, value_mode, head_dim)
+    assert lut_ptx.combine_warp_bytes(head_dim) == head_dim * 8 * 4
+    slots_end = lut_ptx.LUT_BYTES + warps * max(warp_slots, lut_ptx.combine_warp_bytes(head_dim))
     last = smem - 8192
     assert slots_end <= last
     stats = last + lut_ptx.COMBINE_STATS_AT  # log-sum-exps: 8 float32 per warp
     assert warps <= 16 and stats + warps * 32 <= smem
     if tma:
-        arithmetic = "; ".join(lut_ptx._mbarrier(warps, tile, key_mode, value_mode))
+        arithmetic = "; ".join(lut_ptx._mbarrier(warps, tile, key_mode, value_mode, head_dim))
         barriers = [run_ptx(arithmetic, {}, 0, warp=w)["m"] for w in range(warps)]
         assert barriers == [last + 8 * w for w in range(warps)] and barriers[-1] + 8 <= stats
 
 
 def test_default_launch_keeps_two_programs_per_hopper_sm():
-    """8 warps × 16-token tiles (the default) of every key and value mode: 104 KiB (the table, the 32 KiB
-    the combine needs, which holds the largest staging, 8 × 16 × 256 bytes, and the last chunk), twice into
-    an H100/H200 SM's 228 KiB of shared memory (1 KiB reserved per program)."""
-    for key_mode in (4, 8, 9):
-        for value_mode in (4, 8):
-            assert lut.shared_bytes(8, 16, key_mode, value_mode) == 104 * 1024
-            assert 2 * (lut.shared_bytes(8, 16, key_mode, value_mode) + 1024) <= 228 * 1024
+    """8 warps × 16-token tiles (the default) of every key and value mode: at head_dim 128 104 KiB (the
+    table, the 32 KiB the combine needs, which holds the largest staging, 8 × 16 × 256 bytes, and the last
+    chunk), at head_dim 64 88 KiB (the combine's 16 KiB holds 8 × 16 × 128 bytes), twice into an H100/H200
+    SM's 228 KiB of shared memory (1 KiB reserved per program), not three times."""
+    for head_dim, kib in ((128, 104), (64, 88)):
+        for key_mode in (4, 8, 9):
+            for value_mode in (4, 8):
+                smem = lut.shared_bytes(8, 16, key_mode, value_mode, head_dim)
+                assert smem == kib * 1024 and (228 * 1024) // (smem + 1024) == 2
 
 
 # (items, programs, steps per item) → PDL-launched under lut_pdl_max_steps 8
@@ -283,16 +297,17 @@ def test_dependent_launch_setting():
         assert got == {case: want if limit == 8 else limit is None for case, want in PDL_CASES.items()}
 
 
-def _tile_perm(m: int, value_mode: int) -> int:
+def _tile_perm(m: int, value_mode: int, head_dim: int) -> int:
     """The kernel's slot order of a tile's tokens (_decode_lut_kernel._tile_perm, run on ints)."""
-    return lut._tile_perm.fn(m, value_mode)
+    return lut._tile_perm.fn(m, value_mode, head_dim)
 
 
-def _tma_slot(row: int, chunk: int, row_bytes: int) -> int:
-    """Byte offset of 16-byte chunk `chunk` of box row `row` as the TMA writes it (CU_TENSOR_MAP_SWIZZLE_64B
-    for 64-byte rows, _128B for 128-byte rows: address bits 4-5 or 4-6 XOR bits 7-8 or 7-9)."""
-    address = row * row_bytes + chunk * 16
-    mask = 0x30 if row_bytes == 64 else 0x70
+def _tma_byte(row: int, byte: int, row_bytes: int) -> int:
+    """Offset of byte `byte` of box row `row` as the TMA writes it: 64- and 128-byte rows swizzled
+    (CU_TENSOR_MAP_SWIZZLE_64B, _128B: address bits 4-5 or 4-6 XOR bits 7-8 or 7-9; _tensor_map.box_map),
+    other rows as they are."""
+    address = row * row_bytes + byte
+    mask = {64: 0x30, 128: 0x70}.get(row_bytes, 0)
     return address ^ ((address >> 3) & mask)
 
 
@@ -302,95 +317,129 @@ def _distinct_banks(addresses: list[int], width: int) -> bool:
     return len({a % 128 // width for a in addresses}) == len(addresses) == 128 // width
 
 
-# tile, key mode, value mode
-TMA_READ_CASES = [(16, 4, 4), (32, 4, 4), (64, 4, 4), (16, 8, 4), (32, 9, 4), (16, 4, 8), (32, 4, 8),
-                  (16, 8, 8), (64, 9, 8)]  # fmt: skip
-
-
-@pytest.mark.parametrize("tile,key_mode,value_mode", TMA_READ_CASES)
-def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode, value_mode):
-    """The TMA path's read-back offsets (the kernel's k_read, v_read for one warp, relative to its slots)
-    undo the swizzle: each thread's piece holds the bytes of the token and chunk its operand fragment needs;
-    the 16-byte key reads of each quarter warp, the 8-byte value reads of each half warp (value mode 4) and
-    the 16-byte value reads of each quarter warp (value mode 8) meet distinct banks; every token's slot lies
-    inside the warp's bytes."""
-    key_bytes, value_bytes = (64 if key_mode == 4 else 128), 16 * value_mode
-    kp = key_bytes // 64  # 16-byte key pieces per thread and token
-    warp_bytes = tile * (key_bytes + value_bytes)
-    assert lut.shared_bytes(4, tile, key_mode, value_mode) >= lut.LUT_BYTES.value + 4 * (warp_bytes + 8)
-    perm = [_tile_perm(m, value_mode) for m in range(tile)]
+def _operand_geometry(tile: int, key_mode: int, value_mode: int, head_dim: int) -> dict:
+    """As the kernel and its PTX derive them: "k", "v": (a token's slot row, its operand words in bytes;
+    piece bytes); "kp": key pieces per thread and token; "perm": the slot order."""
+    n_keys, key_piece = lut_ptx.key_pieces(tile, key_mode, head_dim)
+    key_row = 4 * lut_ptx.key_words(key_mode, head_dim)
+    value_row = 4 * lut_ptx.value_words(value_mode, head_dim)
+    perm = [_tile_perm(m, value_mode, head_dim) for m in range(tile)]
     assert sorted(perm) == list(range(tile))
-    key_reads, value_reads = {}, {}  # (lane, register) → byte offset in the key or value slots
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        for i in range(tile // 8):
-            token = perm[g + 8 * i]
-            for sub in range(kp):
-                chunk = kp * t + sub
-                swz = (token >> 1) & 3 if key_mode == 4 else token & 7
-                key_reads[lane, kp * i + sub] = token * key_bytes + (chunk ^ swz) * 16  # k_read
-                assert key_reads[lane, kp * i + sub] == _tma_slot(token, chunk, key_bytes)
-            for r in range(2):
-                token = perm[2 * t + r + 8 * i]
-                if value_mode == 4:  # v_read: 8-byte pieces, half a 16-byte chunk
-                    read = token * 64 + ((g >> 1) ^ ((token >> 1) & 3)) * 16 + (g & 1) * 8
-                    assert read == _tma_slot(token, g >> 1, 64) + (g & 1) * 8
-                else:  # v_read: 16-byte pieces, chunk g
-                    read = token * 128 + (g ^ (token & 7)) * 16
-                    assert read == _tma_slot(token, g, 128)
-                value_reads[lane, r + 2 * i] = read
-    for p in range(kp * tile // 8):  # quarter warps: 8 lanes × 16 bytes
-        for quarter in range(4):
-            assert _distinct_banks([key_reads[lane, p] for lane in range(8 * quarter, 8 * quarter + 8)], 16)
-    for p in range(tile // 4):  # 8-byte reads: half warps of 16 lanes; 16-byte reads: quarter warps
-        lanes = 64 // value_mode
-        for part in range(32 // lanes):
-            reads = [value_reads[lane, p] for lane in range(lanes * part, lanes * part + lanes)]
-            assert _distinct_banks(reads, 2 * value_mode)
-    assert max(key_reads.values()) < tile * key_bytes and max(value_reads.values()) < tile * value_bytes
+    return {
+        "k": (key_row, key_piece),
+        "v": (value_row, value_row // 8),
+        "kp": n_keys // (tile // 8),
+        "perm": perm,
+    }
 
 
-@pytest.mark.parametrize("v_bits", [5, 6, 7, 8])
-@pytest.mark.parametrize("tile", [16, 32])
-def test_value_mode_8_read_back_gives_each_thread_its_byte_words(v_bits, tile):
-    """The value read-back PTX of value mode 8 (tma_unstage_asm), run for every lane of a warp over value
-    boxes laid out as the TMA writes them (128-byte rows swizzled, other rows packed unswizzled) at the
-    kernel's v_read offsets: register (k, p) of thread (g, t) is word 4g + k of its p-th token
-    (2t + (p & 1) + 8·(p >> 1), slot π of it) as 8-bit packing would hold it: coordinate 16g + 4k + b's
-    index in the low v_bits bits of byte b (widths 5–7 spread into byte slots)."""
-    rng = np.random.default_rng(v_bits * 100 + tile)
-    row_bytes, n = 16 * v_bits, tile // 4
-    idx = torch.from_numpy(rng.integers(0, 1 << v_bits, (tile, 128)))
-    rows = pack_indices(idx, v_bits).numpy().reshape(tile, row_bytes)  # slot row m: tile token m
-    base = lut.LUT_BYTES.value + tile * 64  # warp 0's value slots in key mode 4
-    image = bytearray(rng.integers(0, 256, base + tile * 128 + 64, dtype=np.uint8).tobytes())
+def _thread_pieces(tile: int, geometry: dict, lane: int) -> dict[str, list]:
+    """The (token, piece) of each key and value register p of a lane (g, t): keys: tokens π(g + 8i), pieces
+    KP·t + sub (p = KP·i + sub); values: tokens π(2t + r + 8i), piece g (p = r + 2i)."""
+    g, t, kp, perm = lane // 4, lane % 4, geometry["kp"], geometry["perm"]
+    keys = [(perm[g + 8 * (p // kp)], kp * t + p % kp) for p in range(tile // 8 * kp)]
+    values = [(perm[2 * t + p % 2 + 8 * (p // 2)], g) for p in range(tile // 4)]
+    return {"k": keys, "v": values}
+
+
+# tile, key mode, value mode, head_dim
+TMA_READ_CASES = [(16, 4, 4, 128), (32, 4, 4, 128), (64, 4, 4, 128), (16, 8, 4, 128), (32, 9, 4, 128),
+                  (16, 4, 8, 128), (32, 4, 8, 128), (16, 8, 8, 128), (64, 9, 8, 128), (16, 4, 4, 64),
+                  (32, 4, 4, 64), (64, 4, 8, 64), (16, 8, 4, 64), (32, 9, 8, 64), (16, 8, 8, 64),
+                  (64, 8, 8, 64), (16, 4, 8, 64)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tile,key_mode,value_mode,head_dim", TMA_READ_CASES)
+def test_tma_read_back_finds_every_piece_without_bank_conflicts(tile, key_mode, value_mode, head_dim):
+    """The TMA path's read-back offsets of native rows (the kernel's _native_read in its slot order
+    _tile_perm, for one warp, relative to its slots) find where the TMA wrote each thread's piece, the token
+    and words its operand fragment needs; the reads of each phase (a warp's 4-byte reads, a half warp's
+    8-byte reads, a quarter warp's 16-byte reads: 128 bytes) meet distinct banks; every read lies inside the
+    warp's slots."""
+    geo = _operand_geometry(tile, key_mode, value_mode, head_dim)
+    for side in "kv":
+        row, size = geo[side]
+        reads = {}  # (lane, register) → byte offset in the key or value slots
+        for lane in range(32):
+            for p, (token, piece) in enumerate(_thread_pieces(tile, geo, lane)[side]):
+                reads[lane, p] = lut._native_read.fn(token * row, piece, token, row, size)
+                assert reads[lane, p] == _tma_byte(token, piece * size, row)  # the piece, one 16-byte chunk:
+                assert (piece * size) % 16 + size <= 16
+        lanes = 128 // size  # lanes of one phase
+        for p in {p for _, p in reads}:
+            for first in range(0, 32, lanes):
+                assert _distinct_banks([reads[lane, p] for lane in range(first, first + lanes)], size)
+        assert max(reads.values()) < tile * row
+
+
+_WAIT = re.compile(r"WAIT_\$\{:uid\}: mbarrier\.try_wait[^;]*;\s*@!p bra WAIT_\$\{:uid\};")
+
+# head_dim, keys or values, bits, tile
+READ_BACK_CASES = [(128, "v", b, t) for b in (5, 6, 7, 8) for t in (16, 32)] + [
+    (128, "k", 3, 16), (128, "k", 4, 32), (128, "k", 5, 16), (128, "k", 8, 16), (128, "v", 1, 16),
+    (128, "v", 4, 16), *[(64, side, b, 16) for side in "kv" for b in (2, 4, 6, 8)], (64, "k", 4, 32),
+    (64, "v", 8, 32), (64, "v", 2, 64),
+]  # fmt: skip
+
+
+def _box_image(rows: np.ndarray, native: bool, base: int, slots: int, rng) -> np.ndarray:
+    """Shared memory as words (random bytes elsewhere) with box rows `rows` [T, P] written from byte `base`
+    as the TMA writes them: native rows swizzled (_tma_byte), other rows packed as they are."""
+    tile, row_bytes = rows.shape
+    image = bytearray(rng.integers(0, 256, base + slots + 64, dtype=np.uint8).tobytes())
     for m in range(tile):
         for byte in range(row_bytes):
-            at = _tma_slot(m, byte // 16, 128) + byte % 16 if row_bytes == 128 else m * row_bytes + byte
-            image[base + at] = rows[m, byte]
-    shared = np.frombuffer(bytes(image), dtype="<u4").astype(np.int64)
-    _, values = lut.tma_unstage_asm(4, tile, 4, 8, 4, v_bits)
-    mask = (1 << v_bits) - 1
+            image[base + (_tma_byte(m, byte, row_bytes) if native else m * row_bytes + byte)] = rows[m, byte]
+    return np.frombuffer(bytes(image), dtype="<u4").astype(np.int64)
+
+
+@pytest.mark.parametrize("head_dim,side,bits,tile", READ_BACK_CASES)
+def test_tma_read_back_gives_each_thread_its_words(head_dim, side, bits, tile):
+    """The read-back PTX (tma_unstage_asm; keys: past its mbarrier wait), run for every lane of a warp over
+    boxes laid out as the TMA writes them (native 64- and 128-byte rows swizzled, other rows as they are) at
+    the kernel's read offsets: register (k, p) of a thread is word k of its p-th piece as the mode's packing
+    (nibbles or bytes) holds it, each coordinate's index in the low `bits` bits of its field (widths other
+    than 4 and 8 spread, the bits above ignored by the tables)."""
+    mode = 4 if bits <= 4 else 8
+    key_mode, value_mode = (mode, 4) if side == "k" else (4, mode)
+    geo = _operand_geometry(tile, key_mode, value_mode, head_dim)
+    slot_row, size = geo[side]
+    words, fields, row_bytes, native = size // 4, 32 // mode, head_dim * bits // 8, bits == mode
+    rng = np.random.default_rng(bits * 100 + tile + head_dim)
+    idx = torch.from_numpy(rng.integers(0, 1 << bits, (tile, head_dim)))
+    rows = pack_indices(idx, bits).numpy().reshape(tile, row_bytes)  # slot row m: tile token m
+    base = lut.LUT_BYTES.value + (0 if side == "k" else tile * geo["k"][0])  # warp 0's slots
+    shared = _box_image(rows, native, base, tile * slot_row, rng)
+    k_bits, v_bits = (bits, None) if side == "k" else (None, bits)
+    keys, values = lut.tma_unstage_asm(4, tile, key_mode, value_mode, k_bits, v_bits, head_dim)
+    asm = _WAIT.sub("", keys) if side == "k" else values
+    assert side == "v" or asm != keys  # the wait removed
     for lane in range(32):
-        g, t = lane // 4, lane % 4
-        slots = [_tile_perm(2 * t + (p & 1) + 8 * (p >> 1), 8) for p in range(n)]
-        if v_bits == 8:  # v_read
-            offsets = [base + m * 128 + (g ^ (m & 7)) * 16 for m in slots]
-        else:
-            offsets = [base + m * row_bytes + g * (row_bytes // 8) for m in slots]
-        regs = run_ptx(values, {f"${4 * n + p}": offsets[p] for p in range(n)}, lane, shared)
-        for p, m in enumerate(slots):
-            for k in range(4):
-                word = regs[f"${k * n + p}"]
-                got = [(word >> (8 * b)) & mask for b in range(4)]
-                assert got == [int(idx[m, 16 * g + 4 * k + b]) for b in range(4)], (lane, p, k)
-                if v_bits == 8:  # the bytes as they are
-                    assert word.to_bytes(4, "little") == bytes(rows[m, 16 * g + 4 * k : 16 * g + 4 * k + 4])
+        pieces = _thread_pieces(tile, geo, lane)[side]
+        n = len(pieces)
+        # the kernel's k_read, v_read: native rows as the TMA wrote them, else a piece's first field
+        first_byte = [m * row_bytes + c * words * fields * bits // 8 for m, c in pieces]
+        if native:
+            first_byte = [lut._native_read.fn(m * slot_row, c, m, slot_row, size) for m, c in pieces]
+        regs = run_ptx(asm, {f"${words * n + p}": base + first_byte[p] for p in range(n)}, lane, shared)
+        for p, (m, c) in enumerate(pieces):
+            for k in range(words):
+                word, first = regs[f"${k * n + p}"], (words * c + k) * fields  # its first coordinate
+                got = [(word >> (mode * j)) & ((1 << bits) - 1) for j in range(fields)]
+                assert got == [int(idx[m, first + j]) for j in range(fields)], (lane, p, k)
+                if native:  # the bytes as they are
+                    at = first * mode // 8
+                    assert word.to_bytes(4, "little") == bytes(rows[m, at : at + 4])
 
 
 def _join(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """gl.join: a new minor axis of size 2, (a, b)."""
     return np.stack([a, b], axis=-1)
+
+
+def _bits(x: np.ndarray, lead: int, n: int) -> np.ndarray:
+    """x [1, lead, n] → [1, lead, 2, …, 2]: n (a power of two) as its bits, the highest first."""
+    return x.reshape(1, lead, *[2] * (n.bit_length() - 1))
 
 
 def _piece_lanes(tile: int) -> np.ndarray:
@@ -409,85 +458,138 @@ def _piece_lanes(tile: int) -> np.ndarray:
     return lanes
 
 
-def _v_operand_replay(value_mode: int, tile: int) -> tuple[np.ndarray, ...]:
+def _blocked_lane(layout, index: tuple[int, ...]) -> int:
+    """The lane of warp 0 that holds element `index` of a gl.BlockedLayout (one warp: warps_per_cta 1s)."""
+    lane, stride = 0, 1
+    for dim in layout.order:  # fastest first
+        lane += (index[dim] // layout.size_per_thread[dim]) % layout.threads_per_warp[dim] * stride
+        stride *= layout.threads_per_warp[dim]
+    return lane
+
+
+def _decode(x: np.ndarray, words: int, fields: int) -> tuple[np.ndarray, ...]:
+    """Labels ((token·words + word)·fields + field)·32 + lane → (token, natural coordinate, lane)."""
+    lane, x = x % 32, x // 32
+    field, x = x % fields, x // fields
+    return x // words, (x % words) * fields + field, lane
+
+
+def _k_operand_replay(key_mode: int, tile: int, head_dim: int) -> tuple[np.ndarray, ...]:
+    """_decode_lut_kernel._k_operand (one warp) replayed in numpy on labels of the staged key words [1, T, KW]
+    held by the threads of _key_piece_layout: its reshapes, joins and permute as they are, its lookups as
+    what they mean (output b, element j: field 2b + j of the word, in the thread of that word). For each
+    element of K̂ [T, D]: (token, natural coordinate, lane)."""
+    kw, fields = lut_ptx.key_words(key_mode, head_dim), 32 // (4 if key_mode == 4 else 8)
+    kp = lut_ptx.key_pieces(8, key_mode, head_dim)[0]
+    layout = lut._key_piece_layout(1, kp)
+    token, word = np.meshgrid(np.arange(tile), np.arange(kw), indexing="ij")
+    lane = np.vectorize(lambda m, c: _blocked_lane(layout, (0, m, c)))(token, word // (kw // (4 * kp)))
+    code = (token * kw + word)[None]  # [1, T, KW]
+    w = _bits(code, tile, kw)
+    lanes = _bits(lane[None], tile, kw)[..., None]
+    j = np.arange(2)
+    x = _join(w, w) * fields  # the pair axis j
+    if key_mode == 4:  # output b: the byte's nibbles
+        x = _join(_join(x + j, x + 2 + j), _join(x + 4 + j, x + 6 + j))
+        lanes = lanes[..., None, None]
+    else:  # output b: bytes 2b, 2b + 1
+        x = _join(x + j, x + 2 + j)
+        lanes = lanes[..., None]
+    x = np.transpose(x * 32 + lanes, lut._k_axes(key_mode, head_dim)).reshape(tile, head_dim)
+    return _decode(x, kw, fields)
+
+
+def _v_operand_replay(value_mode: int, tile: int, head_dim: int) -> tuple[np.ndarray, ...]:
     """_decode_lut_kernel._v_operand (one warp) replayed in numpy on labels of the staged value words
     [1, T, VW]: its reshapes, permutes, split and joins as they are, its lookups as what they mean (output
     n, element j: field n, nibble or byte, of the word of token 2i + j, in the thread of that word). For each
-    element of V̂ᵀ [128, T]: (token, natural coordinate, lane)."""
-    vw, fields = 4 * value_mode, 32 // value_mode
+    element of V̂ᵀ [D, T]: (token, natural coordinate, lane)."""
+    vw, fields = lut_ptx.value_words(value_mode, head_dim), 32 // value_mode
     token, word = np.meshgrid(np.arange(tile), np.arange(vw), indexing="ij")
     lane = _piece_lanes(tile)[token, word // (vw // 8)]
     code = ((token * vw + word) * 32 + lane)[None]  # [1, T, VW]
     pairs = np.transpose(code.reshape(1, tile // 2, 2, vw), (0, 1, 3, 2))
-    wa, wb = (pairs[..., k].reshape(1, tile // 2, *[2] * (vw.bit_length() - 1)) for k in range(2))
+    wa, wb = (_bits(pairs[..., k], tile // 2, vw) for k in range(2))
     a, b = _join(wa, wa), _join(wb, wb)
     assert (a % 32 == b % 32).all()  # the two tokens of a pair in one thread
     j = np.arange(2)
-    o = [np.where(j == 0, a, b) * fields + n for n in range(fields)]  # the lookups' outputs
+    o = [(np.where(j == 0, a, b) // 32 * fields + n) * 32 + a % 32 for n in range(fields)]  # the lookups
     if value_mode == 4:
         x = _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
-        axes = lut.V4_AXES.value
     else:
         x = _join(_join(o[0], o[1]), _join(o[2], o[3]))
-        axes = lut.V8_AXES.value
-    x = np.transpose(x, axes).reshape(128, tile)
-    field, x = x % fields, x // fields
-    lane, x = x % 32, x // 32
-    token, word = x // vw, x % vw
-    return token, word * fields + field, lane
+    x = np.transpose(x, lut._v_axes(value_mode, head_dim)).reshape(head_dim, tile)
+    return _decode(x, vw, fields)
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("key_mode", [4, 8, 9])
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_key_operand_relabelling_is_operand_a_fragment(key_mode, tile, head_dim):
+    """K̂ as _k_operand builds it: row m holds token m; column d holds natural coordinate _k_phys(d), a
+    one-to-one map of 0 … D−1 (the query is loaded through it); the thread holding element (m, d) is lane
+    4·(m mod 8) + (d mod 8) / 2, mma.m16n8k16's operand-A fragment (rows g, g + 8 and columns 2t, 2t + 1,
+    2t + 8, 2t + 9 of each 16 × 16 block to lane 4g + t), so the conversion to the dot-operand layout moves
+    no data (the kernel asserts it trivial); and columns 2c, 2c + 1 are the two halves of one lookup output
+    (fields 2b, 2b + 1 of a word: coordinates of the same parity as their columns), operand A's register
+    pairs."""
+    token, coordinate, lane = _k_operand_replay(key_mode, tile, head_dim)
+    rows, cols = np.meshgrid(np.arange(tile), np.arange(head_dim), indexing="ij")
+    assert (token == rows).all()
+    phys = np.array([lut._k_phys.fn(d, key_mode, head_dim) for d in range(head_dim)])
+    assert sorted(phys) == list(range(head_dim))
+    assert (coordinate == phys[None, :]).all()
+    assert (lane == 4 * (rows % 8) + (cols % 8) // 2).all()
+    assert (coordinate % 2 == cols % 2).all() and (coordinate[:, 1::2] == coordinate[:, ::2] + 1).all()
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("value_mode", [4, 8])
 @pytest.mark.parametrize("tile", [16, 32, 64])
-def test_value_operand_relabelling_is_operand_a_fragment(value_mode, tile):
-    """V̂ᵀ as _v_operand builds it: column m holds token m; row r holds natural coordinate _v_phys(r), a
-    one-to-one map of 0 … 127 (the partial outputs are stored through it); and the thread holding element
-    (r, m) is lane 4·(r mod 8) + (m mod 8) / 2, mma.m16n8k16's operand-A fragment (rows g, g + 8 and
-    columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 16 × 16 block to lane 4g + t), so the conversion to the
-    dot-operand layout moves no data (the kernel asserts it trivial)."""
-    token, coordinate, lane = _v_operand_replay(value_mode, tile)
-    rows, cols = np.meshgrid(np.arange(128), np.arange(tile), indexing="ij")
+def test_value_operand_relabelling_is_operand_a_fragment(value_mode, tile, head_dim):
+    """V̂ᵀ as _v_operand builds it: column m holds token m (columns 2i, 2i + 1: the two halves of one lookup
+    output, operand A's register pairs); row r holds natural coordinate _v_phys(r), a one-to-one map of
+    0 … D−1 (the partial outputs are stored through it); and the thread holding element (r, m) is lane
+    4·(r mod 8) + (m mod 8) / 2, mma.m16n8k16's operand-A fragment (rows g, g + 8 and columns 2t, 2t + 1,
+    2t + 8, 2t + 9 of each 16 × 16 block to lane 4g + t), so the conversion to the dot-operand layout moves
+    no data (the kernel asserts it trivial)."""
+    token, coordinate, lane = _v_operand_replay(value_mode, tile, head_dim)
+    rows, cols = np.meshgrid(np.arange(head_dim), np.arange(tile), indexing="ij")
     assert (token == cols).all()
-    phys = np.array([lut._v_phys.fn(r, value_mode) for r in range(128)])
-    assert sorted(phys) == list(range(128))
+    phys = np.array([lut._v_phys.fn(r, value_mode, head_dim) for r in range(head_dim)])
+    assert sorted(phys) == list(range(head_dim))
     assert (coordinate == phys[:, None]).all()
     assert (lane == 4 * (rows % 8) + (cols % 8) // 2).all()
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("value_mode", [4, 8])
-def test_tma_stage_text_arrives_once_and_copies_one_box(value_mode):
+def test_tma_stage_text_arrives_once_and_copies_one_box(value_mode, head_dim):
     """One arrival per lane per tile (the mbarrier counts 32), one predicated box, after the proxy fence."""
-    stage = lut.tma_stage_asm(8, 16, 4, value_mode)
+    stage = lut.tma_stage_asm(8, 16, 4, value_mode, head_dim)
     assert stage.count("mbarrier.arrive.expect_tx") == 1 and stage.count("cp.async.bulk.tensor") == 1
     assert stage.index("fence.proxy.async") < stage.index("cp.async.bulk.tensor")
-    assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4, value_mode)
+    assert "mbarrier.init.shared::cta.b64 [m], 32" in lut.tma_init_asm(8, 16, 4, value_mode, head_dim)
 
 
-# (bits, words per piece, fields per word): keys of 1–3 bits as nibble words (key mode 4), keys and values
-# of 5–7 bits as byte words (key and value mode 8: pieces of 4 words), values of 1–3 bits as nibble words
-# (value mode 4: pieces of 2 words)
-SPREAD_CASES = [
-    (1, 4, 8),
-    (2, 4, 8),
-    (3, 4, 8),
-    (5, 4, 4),
-    (6, 4, 4),
-    (7, 4, 4),
-    (1, 2, 8),
-    (2, 2, 8),
-    (3, 2, 8),
-]
+# (bits, words per piece, fields per word, head_dim): at head_dim 128 keys of 1–3 bits as nibble words (key
+# mode 4: pieces of 4 words), keys and values of 5–7 bits as byte words (key and value mode 8: pieces of 4
+# words), values of 1–3 bits as nibble words (value mode 4: pieces of 2 words); at head_dim 64 keys of 2 bits
+# (pieces of 2 words) and 6 bits (4 words), values of 2 bits (1 word) and 6 bits (2 words)
+SPREAD_CASES = [(1, 4, 8, 128), (2, 4, 8, 128), (3, 4, 8, 128), (5, 4, 4, 128), (6, 4, 4, 128),
+                (7, 4, 4, 128), (1, 2, 8, 128), (2, 2, 8, 128), (3, 2, 8, 128), (2, 2, 8, 64), (6, 4, 4, 64),
+                (2, 1, 8, 64), (6, 2, 4, 64)]  # fmt: skip
 
 
-@pytest.mark.parametrize("bits,piece_words,fields", SPREAD_CASES)
-def test_spread_pieces_read_the_packed_rows_as_the_native_words(bits, piece_words, fields):
-    """spread_piece_asm on rows laid out as the TMA writes them (unswizzled, P = 16·bits bytes a token) at
+@pytest.mark.parametrize("bits,piece_words,fields,head_dim", SPREAD_CASES)
+def test_spread_pieces_read_the_packed_rows_as_the_native_words(bits, piece_words, fields, head_dim):
+    """spread_piece_asm on rows laid out as the TMA writes them (unswizzled, P = D·bits/8 bytes a token) at
     the kernel's read offsets (a piece's first byte): output word k of piece c holds, in the low `bits` bits
     of slot i, the index of coordinate c·F + k·fields + i (F fields a piece), and the lookups of the native
     path then give that index's centroid."""
     rng = np.random.default_rng(bits * 10 + piece_words)
-    rows, row_bytes = 3, 16 * bits
-    idx = torch.from_numpy(rng.integers(0, 1 << bits, (rows, 128)))
+    rows, row_bytes = 3, head_dim * bits // 8
+    idx = torch.from_numpy(rng.integers(0, 1 << bits, (rows, head_dim)))
     packed = pack_indices(idx, bits).numpy()
     start = lut.LUT_BYTES.value
     shared = np.zeros(start // 4 + rows * row_bytes // 4 + 64, dtype=np.int64)
@@ -498,7 +600,7 @@ def test_spread_pieces_read_the_packed_rows_as_the_native_words(bits, piece_word
     asm = lut_ptx.spread_piece_asm(bits, fields, 1, [outs], ["$off"])
     slot = 32 // fields
     for m in range(rows):
-        for c in range(128 // per_piece):
+        for c in range(head_dim // per_piece):
             offset = start + m * row_bytes + c * per_piece * bits // 8
             regs = run_ptx(asm, {"$off": offset, "s": 0}, c % 32, shared)
             for k, out in enumerate(outs):
@@ -560,10 +662,16 @@ def test_masked_tables_repeat_every_codebook():
 
 
 def test_gluon_serves_every_key_and_value_width():
-    """Keys and values of 1–8 bits at head_dim 128 (value mode 4 for 1–4 bits, 8 for 5–8), nothing else;
-    the native widths, which need no TMA, are the 4- and 8-bit pairs."""
-    assert all(decode_lut.lut_serves(k, v, 128) for k in range(1, 9) for v in range(1, 9))
-    assert not any(decode_lut.lut_serves(k, v, 128) for k, v in [(0, 4), (4, 0), (9, 4), (4, 9)])
-    assert not decode_lut.lut_serves(4, 4, 64) and not decode_lut.lut_serves(4, 8, 256)
+    """Keys and values of 1–8 bits at head_dim 128 (value mode 4 for 1–4 bits, 8 for 5–8), of 2, 4, 6 and 8
+    bits at head_dim 64 (odd widths' rows of 8·bits bytes take no TMA box), nothing else; the native widths,
+    which need no TMA, are the 4- and 8-bit pairs."""
+    widths = [(k, v) for k in range(1, 9) for v in range(1, 9)]
+    assert all(decode_lut.lut_serves(k, v, 128) for k, v in widths)
+    assert [(k, v) for k, v in widths if decode_lut.lut_serves(k, v, 64)] == [
+        (k, v) for k in (2, 4, 6, 8) for v in (2, 4, 6, 8)
+    ]
+    for head_dim in (128, 64):
+        assert not any(decode_lut.lut_serves(k, v, head_dim) for k, v in [(0, 4), (4, 0), (9, 4), (4, 9)])
+    assert not any(decode_lut.lut_serves(4, 4, d) for d in (32, 80, 96, 256))
     assert [decode_lut.lut_value_mode(v) for v in range(1, 9)] == [4] * 4 + [8] * 4
     assert sorted(decode_lut.NATIVE_WIDTHS) == [(4, 4), (4, 8), (8, 4), (8, 8)]

@@ -191,13 +191,13 @@ def test_layered_encode_and_dequantize_gpu_equal_the_one_layer_kernels(k_bits, v
             assert torch.equal(side[layer], want[layer]), f"verify, layer {layer}"
 
 
-def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4):
-    """A decode problem the Gluon kernel takes: head_dim 128, strided caches viewed out of wider buffers at
-    byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them)."""
+def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4, head_dim=128):
+    """A decode problem the Gluon kernel takes: head_dim 128 or 64, strided caches viewed out of wider
+    buffers at byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them)."""
     gen = torch.Generator().manual_seed(seed)
     bits, codebook = key
-    kc = TurboQuantCodec(128, bits, seed=1, codebook=codebook)
-    vc = TurboQuantCodec(128, v_bits, seed=2)
+    kc = TurboQuantCodec(head_dim, bits, seed=1, codebook=codebook)
+    vc = TurboQuantCodec(head_dim, v_bits, seed=2)
     num_blocks = sum(-(-n // block_size) for n in lens) + 16
 
     def cache(c):
@@ -207,25 +207,26 @@ def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4):
 
     (kp, kn), (vp, vn) = cache(kc), cache(vc)
     tables = random_block_tables(lens, block_size, num_blocks, gen).to(DEV)
-    query = (torch.randn(len(lens), 8 * group, 128, generator=gen) * 2).to(DEV, dtype)
+    query = (torch.randn(len(lens), 8 * group, head_dim, generator=gen) * 2).to(DEV, dtype)
     return query, kp, kn, vp, vn, tables, torch.tensor(lens, dtype=torch.int32, device=DEV), kc, vc
 
 
 LUT_KEYS = {(4, "lloyd"): 4, (8, "lloyd"): 8, (8, "uniform"): 9}  # key (bits, codebook) → kernel key mode
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("config", LUT_CONFIGS)
 @pytest.mark.parametrize("key", list(LUT_KEYS))
 @pytest.mark.parametrize("v_bits", [4, 8])  # value modes 4 and 8 at their native widths
-@pytest.mark.parametrize("block_size,group", [(16, 4), (32, 1), (16, 8)])
-def test_decode_gpu_gluon_kernel(config, key, v_bits, block_size, group):
+@pytest.mark.parametrize("block_size,group", [(16, 4), (32, 1), (8, 8)])
+def test_decode_gpu_gluon_kernel(config, key, v_bits, block_size, group, head_dim):
     """The Gluon kernel against the float64 reference; the call must really take it (key mode checked)."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    launch = replace(DecodeLaunchConfig(), **config)
+    launch = replace(DecodeLaunchConfig(), **config, lut_head_dims=BOTH_HEAD_DIMS)
     for dtype in (torch.bfloat16, torch.float16):
-        lens, seed = [1, 17, 333, 4099, 64], block_size + group + v_bits
-        args = lut_case(key, block_size, group, dtype, lens, seed=seed, v_bits=v_bits)
+        lens, seed = [1, 17, 333, 4099, 64], block_size + group + v_bits + head_dim
+        args = lut_case(key, block_size, group, dtype, lens, seed=seed, v_bits=v_bits, head_dim=head_dim)
         mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size, launch)
         assert mode == LUT_KEYS[key]
         out = torch.full_like(args[0], float("nan"))
@@ -236,25 +237,30 @@ def test_decode_gpu_gluon_kernel(config, key, v_bits, block_size, group):
 
 
 EVERY_WIDTH = [(k, v) for k in range(1, 9) for v in range(1, 9)]
+BOTH_HEAD_DIMS = (64, 128)  # head_dim 64 is taken only where asked for until it has run on a GPU
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("k_bits,v_bits", EVERY_WIDTH)
-def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits):
-    """Every width the Gluon kernel serves (keys and values of 1–8 bits) against the float64 reference,
-    forced onto it at a small shape (block sizes 16 and 32, G 4 and 1, float16 and bfloat16); widths other
-    than its native K4V4, K8V4, K4V8 and K8V8 spread their packed bits into its 4- and 8-bit words and need
-    TMA staging (sm_90+)."""
+def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits, head_dim):
+    """Every width the Gluon kernel serves (keys and values of 1–8 bits at head_dim 128; of 2, 4, 6, 8 bits at
+    head_dim 64) against the float64 reference, forced onto it at a small shape (block sizes 16 and 32, G 4
+    and 1, float16 and bfloat16); widths other than its native K4V4, K8V4, K4V8 and K8V8 spread their packed
+    bits into its 4- and 8-bit words and need TMA staging (sm_90+). Odd widths at head_dim 64 (rows of
+    8·bits bytes: no TMA box) take the Triton kernel, with the same result."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     native = (k_bits, v_bits) in decode_lut.NATIVE_WIDTHS
     if not native and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("widths other than K4V4, K8V4, K4V8 and K8V8 take the Gluon kernel on sm_90+ only")
-    launch = DecodeLaunchConfig(lut_min_work=0)
+    served = decode_lut.lut_serves(k_bits, v_bits, head_dim)
+    launch = DecodeLaunchConfig(lut_min_work=0, lut_head_dims=BOTH_HEAD_DIMS)
     for (block_size, group), dtype in zip([(16, 4), (32, 1)], [torch.bfloat16, torch.float16], strict=True):
-        lens, seed = [1, 17, 333, 1030], k_bits * 8 + v_bits
-        args = lut_case((k_bits, "lloyd"), block_size, group, dtype, lens, seed=seed, v_bits=v_bits)
+        lens, seed = [1, 17, 333, 1030], k_bits * 8 + v_bits + head_dim
+        args = lut_case((k_bits, "lloyd"), block_size, group, dtype, lens, seed=seed, v_bits=v_bits,
+                        head_dim=head_dim)  # fmt: skip
         mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], group, block_size, launch)
-        assert mode == (4 if k_bits <= 4 else 8)
+        assert mode == ((4 if k_bits <= 4 else 8) if served else 0)
         out = torch.full_like(args[0], float("nan"))
         tq_decode_attention(*args, out=out, config=launch)
         assert not decode_lut.lut_compile_failed(args[0].device, launch, (k_bits, v_bits))
@@ -262,46 +268,60 @@ def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits):
         assert rel_err(out, ref) <= 1e-2, (block_size, group, dtype)
     # without TMA (sm_80, lut_tma off) the native widths stage by cp.async, the others take the Triton kernel
     no_tma = replace(launch, lut_tma=False)
-    want = (4 if k_bits <= 4 else 8) if native else 0
+    want = (4 if k_bits <= 4 else 8) if native and served else 0
     assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 1, 32, no_tma) == want
 
 
-def test_decode_gpu_unaligned_cache_declines_gluon():
-    """Caches the Gluon kernel cannot copy in 16-byte pieces take the Triton kernel, with the same result."""
-    launch = DecodeLaunchConfig(lut_min_work=0)
-    args = lut_case((4, "lloyd"), 16, 4, torch.bfloat16, [1, 17, 333, 4099], seed=3, offset=4)
-    assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch) == 0
-    out = torch.full_like(args[0], float("nan"))
-    tq_decode_attention(*args, out=out, config=launch)
-    ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
-    assert rel_err(out, ref) <= 1e-2
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_decode_gpu_unaligned_cache_declines_gluon(head_dim):
+    """Caches the Gluon kernel cannot copy in its pieces (4-byte aligned) and blocks of fewer than 8 tokens
+    take the Triton kernel, with the same result."""
+    launch = DecodeLaunchConfig(lut_min_work=0, lut_head_dims=BOTH_HEAD_DIMS)
+    for block_size, offset in ((16, 4), (4, 16)):
+        lens = [1, 17, 333, 4099]
+        args = lut_case(
+            (4, "lloyd"), block_size, 4, torch.bfloat16, lens, 3, offset=offset, head_dim=head_dim
+        )
+        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, block_size, launch) == 0
+        out = torch.full_like(args[0], float("nan"))
+        tq_decode_attention(*args, out=out, config=launch)
+        ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
+        assert rel_err(out, ref) <= 1e-2
 
 
-GRAPH_CASES = [(TRITON_CONFIGS[0], (8, 4)), (TRITON_CONFIGS[1], (8, 4))]
-GRAPH_CASES += [({}, widths) for widths in BIT_PAIRS[2:]]  # every width, through the launcher's dispatch
+GRAPH_CASES = [(TRITON_CONFIGS[0], (8, 4), 128), (TRITON_CONFIGS[1], (8, 4), 128)]
+GRAPH_CASES += [({}, widths, 128) for widths in BIT_PAIRS[2:]]  # every width, through the launcher's dispatch
+_GLUON = {"lut_kernel": True, "lut_min_work": 0, "lut_head_dims": BOTH_HEAD_DIMS}
+_ALWAYS = {"lut_combine_max_steps": 1 << 30, "lut_pdl_max_steps": None}  # combine, dependent launch
 GRAPH_CASES += [
-    ({"lut_kernel": True, "lut_min_work": 0}, (8, 4)),
-    (
-        {"lut_kernel": True, "lut_min_work": 0, "lut_combine_max_steps": 1 << 30, "lut_pdl_max_steps": None},
-        (8, 4),
-    ),
-    ({"lut_kernel": True, "lut_min_work": 0, "lut_pdl_max_steps": 0}, (8, 4)),
-    ({"lut_kernel": True, "lut_min_work": 0}, (6, 4)),  # spread widths: the presets balanced and capacity
-    ({"lut_kernel": True, "lut_min_work": 0}, (5, 3)),
-    ({"lut_kernel": True, "lut_min_work": 0}, (8, 8)),  # value mode 8
-    ({"lut_kernel": True, "lut_min_work": 0}, (6, 5)),
+    (_GLUON, (8, 4), 128),
+    ({**_GLUON, **_ALWAYS}, (8, 4), 128),
+    ({**_GLUON, "lut_pdl_max_steps": 0}, (8, 4), 128),
+    (_GLUON, (6, 4), 128),  # spread widths: the presets balanced and capacity
+    (_GLUON, (5, 3), 128),
+    (_GLUON, (8, 8), 128),  # value mode 8
+    (_GLUON, (6, 5), 128),
+    # head_dim 64: K8V4, K4V4 combined and dependent, the balanced preset (spread keys), K4V8 by cp.async,
+    # K2V6 (spread keys and values)
+    (_GLUON, (8, 4), 64),
+    ({**_GLUON, **_ALWAYS}, (4, 4), 64),
+    (_GLUON, (6, 4), 64),
+    ({**_GLUON, "lut_tma": False}, (4, 8), 64),
+    (_GLUON, (2, 6), 64),
 ]
 
 
-@pytest.mark.parametrize("config,widths", GRAPH_CASES)
-def test_decode_cuda_graph_capture_and_replay(config, widths):
+@pytest.mark.parametrize("config,widths,head_dim", GRAPH_CASES)
+def test_decode_cuda_graph_capture_and_replay(config, widths, head_dim):
     launch = replace(DecodeLaunchConfig(), **config)
     longest = [900, 64, 3000]
     if config.get("lut_kernel"):
-        args = lut_case((widths[0], "lloyd"), 16, 4, torch.bfloat16, longest, seed=9, v_bits=widths[1])
-        assert decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch) == 8
+        args = lut_case((widths[0], "lloyd"), 16, 4, torch.bfloat16, longest, seed=9, v_bits=widths[1],
+                        head_dim=head_dim)  # fmt: skip
+        mode = decode_lut.lut_mode_of(args[0], args[1], args[3], args[7], args[8], 4, 16, launch)
+        assert mode == (4 if widths[0] <= 4 else 8)
     else:
-        args = decode_case(*widths, 128, 16, 4, torch.bfloat16, longest, seed=9)
+        args = decode_case(*widths, head_dim, 16, 4, torch.bfloat16, longest, seed=9)
     query = args[0]
     ws = DecodeWorkspace.allocate(query, args[5], 16, 8, config=launch)
     out = torch.empty_like(query)

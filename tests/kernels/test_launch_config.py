@@ -46,6 +46,9 @@ BAD = [
     (DecodeLaunchConfig, "lut_min_wave_fill", float("nan"), "a number from 0.0 to 1.0"),
     (DecodeLaunchConfig, "lut_pdl_max_steps", -1, "None or an integer ≥ 0"),
     (DecodeLaunchConfig, "lut_programs_per_sm", 0, "None or an integer ≥ 1"),
+    (DecodeLaunchConfig, "lut_head_dims", (96,), "a non-empty tuple of head_dims from (64, 128)"),
+    (DecodeLaunchConfig, "lut_head_dims", [128], "a non-empty tuple of head_dims from (64, 128)"),
+    (DecodeLaunchConfig, "lut_head_dims", (), "a non-empty tuple of head_dims from (64, 128)"),
     (EncodeLaunchConfig, "block_tokens", 8, "a power of two ≥ 16"),
     (EncodeLaunchConfig, "programs_per_sm", True, "an integer ≥ 1"),
     (EncodeLaunchConfig, "num_warps", 64, "a power of two from 1 to 32"),
@@ -61,6 +64,7 @@ GOOD = [
     (DecodeLaunchConfig, {"lut": "none", "tile": 16, "merge_preload": True}),
     (DecodeLaunchConfig, {"min_wave_fill": 1, "lut_min_wave_fill": 0, "lut_combine_max_steps": 1 << 30}),
     (DecodeLaunchConfig, {"lut_programs_per_sm": 1, "maxnreg": 255, "num_warps": 8, "rotate_in_split": True}),
+    (DecodeLaunchConfig, {"lut_head_dims": (64, 128)}),
     (EncodeLaunchConfig, {"block_tokens": 32, "programs_per_sm": 4, "num_warps": 8, "num_stages": 3}),
     (DequantizeLaunchConfig, {"rows": 128, "programs_per_sm": 2, "num_warps": 8, "num_stages": 1}),
 ]
@@ -117,3 +121,13 @@ def test_split_planning_follows_the_config_it_is_given():
     # 8 rows on a wave of 4 programs: one split each
     assert plan_num_splits(1, 8, 4096, cpu, config=DecodeLaunchConfig(programs_per_sm=1)) == 1
     assert plan_num_splits(1, 8, 4096, cpu) == 5
+
+
+def test_head_dim_64_takes_the_gluon_kernel_only_where_asked():
+    """The Gluon kernel is built for head_dim 64 (even widths) but takes it only with lut_head_dims naming it
+    (it has not yet run on a GPU); head_dim 128 by default."""
+    from tiercache.kernels.decode_lut import lut_serves, lut_takes
+
+    default, both = DecodeLaunchConfig(), DecodeLaunchConfig(lut_head_dims=(64, 128))
+    assert lut_serves(4, 4, 64) and not lut_takes(4, 4, 64, default) and lut_takes(4, 4, 64, both)
+    assert lut_takes(5, 3, 128, default) and not lut_takes(5, 3, 64, both)  # odd widths: no TMA box at d64

@@ -104,7 +104,8 @@ def plan_rows(
     geometry: ModelGeometry, vram_bytes: int | None, dram_bytes: int | None, codec=None
 ) -> list[PlanRow]:
     from tiercache.codecs import KVCodecSpec
-    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_serves
+    from tiercache.kernels import DecodeLaunchConfig
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes
 
     L, H, d = geometry.num_layers, geometry.num_kv_heads, geometry.head_dim
 
@@ -124,7 +125,7 @@ def plan_rows(
     for spec in specs:
         label = f"TQ K{spec.key_bits}V{spec.value_bits} ({spec.name})"
         widths = (spec.key_bits, spec.value_bits)
-        if not lut_serves(*widths, d):
+        if not lut_takes(*widths, d, DecodeLaunchConfig()):
             decode = "Triton, 2-17x slower/byte"
         else:
             decode = "Gluon (fast)" if widths in NATIVE_WIDTHS else "Gluon on sm_90+ (fast)"
