@@ -8,6 +8,8 @@ disk_steps.DiskSteps) on a CPU TierWorker whose DRAM pool holds them all. Measur
     disk write / read     one file of the same total size, written and read sequentially in 8 MiB
                           requests, with direct I/O where the file system allows it (else buffered; the read
                           then may come from the page cache, and says so)
+    upload (step thread)  DiskSteps.upload of every DRAM slot alone: what the engine's step pays (rows read
+                          out of their slots and encoded into values, queued for the writer)
     tier write            DiskSteps.upload of every DRAM slot, then until the write-behind queue is empty:
                           rows copied and encoded, files written by the writer thread (several in flight
                           on the host thread pool)
@@ -121,7 +123,9 @@ def run(root: str, args) -> None:
         seconds["disk write (1 file)"].append(disk_w)
         seconds["disk read (1 file)"].append(disk_r)
         start = time.perf_counter()
-        assert steps.upload(items) == n and steps.writer.flush(600)
+        assert steps.upload(items) == n
+        seconds["upload (step thread)"].append(time.perf_counter() - start)
+        assert steps.writer.flush(600)
         seconds["tier write"].append(time.perf_counter() - start)
         start = time.perf_counter()
         for k in range(0, n, per):
@@ -159,6 +163,7 @@ SETTLE_S = 2.0
 MEASURES = {  # measure → the disk's own figure it is compared with
     "disk write (1 file)": "disk write (1 file)",
     "disk read (1 file)": "disk read (1 file)",
+    "upload (step thread)": "disk write (1 file)",
     "tier write": "disk write (1 file)",
     "tier write (files)": "disk write (1 file)",
     "tier read (raw)": "disk read (1 file)",

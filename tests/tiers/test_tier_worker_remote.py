@@ -7,6 +7,7 @@ import torch
 from tier_blocks import random_blocks
 
 from tiercache.layout import BlockLayout
+from tiercache.remote.format import HEADER_BYTES, RemoteNamespace, encode_value
 from tiercache.wire import DRAM, VRAM, LoadItem, RemoteItem, StoreItem
 from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
@@ -40,9 +41,12 @@ def test_dram_rows_are_the_slots_bytes_with_their_stored_checksum(layout, checks
         expected = block_checksum(checksums_of(worker.dram.read([slot])), layout)[0].tolist()
         assert list(sums) == expected
     assert isinstance(got[2], str) and got[2].startswith("not uploaded")  # slot 1 holds block 1, not 9
-    row, _ = got[0]
-    worker.dram.buffer[2].zero_()
-    assert not torch.equal(row, worker.dram.buffer[2])  # a copy: the slot may be reused at once
+    row, sums = got[0]
+    assert row.data_ptr() == worker.dram.buffer[2].data_ptr()  # a view of the slot, not a copy
+    # the writer's copy, made at once (RemoteWriter.offer)
+    value = encode_value(RemoteNamespace("model", CODEC, layout), name(2), tuple(sums), row)
+    worker.dram.buffer[2].zero_()  # the slot reused: the value keeps the block
+    assert not torch.equal(value[HEADER_BYTES:], worker.dram.buffer[2])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -2,8 +2,9 @@
 
 Provides:
     upload_rows(tiers, items) -> list[(row, checksum) | str]   per upload (RemoteItem of VRAM or DRAM), its
-                                         slot's bytes in the DRAM format ([dram_stride] uint8 on the host, a
-                                         copy: the slot may be reused at once) and the block checksum
+                                         slot's bytes in the DRAM format ([dram_stride] uint8 on the host: a
+                                         DRAM slot's a view, to be copied before the step goes on, as
+                                         RemoteWriter.offer does; a VRAM slot's a copy) and the block checksum
                                          recorded at its store; a str: the slot does not hold that block.
                                          DRAM: TierWorker.dram_rows; VRAM: the slots' sections packed into
                                          DRAM rows on the device, then one copy to the host (on a GPU this

@@ -291,19 +291,20 @@ class TierWorker:
 
     # ------------------------------------------------------------------ the remote tier (DRAM rows)
     def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, tuple[int, int]] | str]:
-        """The uploads' bytes. The checksum is the block checksum of the piece sums recorded when the bytes
-        were stored (of the row only when checksums are off): bytes changed since then are refused by the
-        reader."""
+        """The uploads' bytes, as views of their slots (the caller copies them before the slot is written
+        again: RemoteWriter.offer into the value, at once). The checksum is the block checksum of the piece
+        sums recorded when the bytes were stored (of the row only when checksums are off): bytes changed since
+        then are refused by the reader."""
         wrongs = [self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id) for item in items]
         slots = [item.slot for item, wrong in zip(items, wrongs, strict=True) if wrong is None]  # in range
         out: list[tuple[torch.Tensor, tuple[int, int]] | str] = [f"not uploaded: {w}" for w in wrongs]
         if not slots:
             return out
-        rows = self.dram.buffer[slots]  # [n, dram_stride] uint8, a copy
+        rows = [self.dram.buffer[slot] for slot in slots]  # [dram_stride] uint8 views
         if self.checksums is not None:
             pieces = self.checksums.get(DRAM, slots)
         else:
-            pieces = checksums_of(block_views(rows, self.dram.layout))
+            pieces = checksums_of(block_views(torch.stack(rows), self.dram.layout))
         sums = iter(zip(rows, block_checksum(pieces, self.dram.layout).tolist(), strict=True))
         for i, wrong in enumerate(wrongs):
             if wrong is None:
