@@ -153,12 +153,12 @@ def tq_decode_attention(
     if batch * num_kv_heads * max_tokens >= config.lut_min_work:
         lut_mode = lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config)
     widths = (k_codec.bits, v_codec.bits)
-    if lut_mode and not lut_compile_failed(query.device, config, widths):
+    if lut_mode and not lut_compile_failed(query.device, config, widths, head_dim):
         try:
             return launch_lut(query, k_packed, k_norms, v_packed, v_norms, block_tables, context_lens,
                                k_codec, v_codec, scale, workspace, out, lut_mode, config)  # fmt: skip
         except LutUnsupported as err:  # this Triton compiles it differently: a compile failure, remembered
-            note_lut_compile_failure(query.device, config, widths, err)
+            note_lut_compile_failure(query.device, config, widths, head_dim, err)
     splits = plan_num_splits(batch, num_kv_heads, max_tokens, query.device, config=config)
     check_capacity(workspace, splits)
     tiles = -(-max_tokens // config.tile)

@@ -10,17 +10,17 @@ Provides:
     lut_partials(batch, num_kv_heads, max_tokens, device, config, head_dim) -> partials per query head it
         needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
-    lut_compile_failed(device, config, widths), note_lut_compile_failure(device, config, widths, err)   the
-        memo below
+    lut_compile_failed(device, config, widths, head_dim), note_lut_compile_failure(device, config, widths,
+        head_dim, err)   the memo below
     lut_programs_per_sm, lut_splits, lut_combines, lut_item_steps, lut_pdl    its launch arithmetic
 
 Compile-failure memo: before the first launch of a configuration, launch_lut compiles the kernel and checks
 its shared memory (_check_lut_compile); where a Triton compiles it to something its inline PTX cannot rely
 on, it raises LutUnsupported. tq_decode_attention then notes the failure here, keyed by the device's
-capability and the config fields the kernel's compile-time parameters come from (not the head_dim: a failure
-at one head_dim takes the other to the Triton kernels too), and takes the Triton kernels for that key from
-then on. This caches a compile failure of one launch configuration on one kind of
-device for the process; it changes no setting, and other configurations still try the Gluon kernel.
+capability, the widths and head_dim, and the config fields the kernel's compile-time parameters come from,
+and takes the Triton kernels for that key from then on. This caches a compile failure of one launch
+configuration on one kind of device for the process; it changes no setting, and other configurations still
+try the Gluon kernel.
 """
 
 from __future__ import annotations
@@ -301,35 +301,40 @@ class LutUnsupported(RuntimeError):
 
 
 # The compile-failure memo (see the module docstring): compile key → the failure, kept for the process. A key
-# is the device's capability (its type off CUDA), the (key, value) widths, and the config fields that the
-# Gluon kernel's compile-time parameters come from: W, T, maxnreg and TMA directly, COMBINE and PDL through
-# the step limits and pdl.
+# is the device's capability (its type off CUDA), the (key, value) widths, the head_dim, and the config fields
+# that the Gluon kernel's compile-time parameters come from: W, T, maxnreg and TMA directly, COMBINE and PDL
+# through the step limits and pdl.
 _FAILED_COMPILES: dict[tuple, str] = {}
 _COMPILE_FIELDS = ("lut_warps", "lut_tile", "lut_maxnreg", "lut_tma", "lut_combine_max_steps",
                    "lut_pdl_max_steps", "pdl")  # fmt: skip
 
 
-def _compile_key(device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int]) -> tuple:
+def _compile_key(
+    device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int], head_dim: int
+) -> tuple:  # fmt: skip
     kind = _capability(cuda_index(device)) if device.type == "cuda" else device.type
-    return kind, widths, *(getattr(config, name) for name in _COMPILE_FIELDS)
+    return kind, widths, head_dim, *(getattr(config, name) for name in _COMPILE_FIELDS)
 
 
-def lut_compile_failed(device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int]) -> bool:
-    """Whether the Gluon kernel of this launch configuration and (key, value) widths already failed its
-    compile check on a device like `device` in this process (the caller then takes the Triton kernels
+def lut_compile_failed(
+    device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int], head_dim: int
+) -> bool:  # fmt: skip
+    """Whether the Gluon kernel of this launch configuration, (key, value) widths and head_dim already failed
+    its compile check on a device like `device` in this process (the caller then takes the Triton kernels
     without trying again)."""
-    return _compile_key(device, config, widths) in _FAILED_COMPILES
+    return _compile_key(device, config, widths, head_dim) in _FAILED_COMPILES
 
 
 def note_lut_compile_failure(
-    device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int], err: LutUnsupported
-) -> None:
-    """Remember that this launch configuration's Gluon kernel does not compile as it must for these widths on
-    devices like `device`; one warning line the first time for each key."""
-    key = _compile_key(device, config, widths)
+    device: torch.device, config: DecodeLaunchConfig, widths: tuple[int, int], head_dim: int,
+    err: LutUnsupported,
+) -> None:  # fmt: skip
+    """Remember that this launch configuration's Gluon kernel does not compile as it must for these widths
+    and head_dim on devices like `device`; one warning line the first time for each key."""
+    key = _compile_key(device, config, widths, head_dim)
     if key in _FAILED_COMPILES:
         return
     _FAILED_COMPILES[key] = str(err)
-    fields = ", ".join(f"{name}={value!r}" for name, value in zip(_COMPILE_FIELDS, key[2:], strict=True))
-    _LOG.warning("decode: %s; the Triton kernels serve K%dV%d under launch configuration (%s) on %s from now "
-                 "on, in this process", err, *widths, fields, key[0])  # fmt: skip
+    fields = ", ".join(f"{name}={value!r}" for name, value in zip(_COMPILE_FIELDS, key[3:], strict=True))
+    _LOG.warning("decode: %s; the Triton kernels serve K%dV%d at head_dim %d under launch configuration (%s) "
+                 "on %s from now on, in this process", err, *widths, head_dim, fields, key[0])  # fmt: skip

@@ -137,9 +137,12 @@ def test_gluon_compile_failure_is_remembered_for_its_config(monkeypatch, caplog)
             assert rel_err(tq_decode_attention(*args, config=config), ref) <= 2e-2
     assert tries == [failing]
     assert len(caplog.records) == 1 and "lut_tile=16" in caplog.records[0].getMessage()
-    assert decode_lut.lut_compile_failed(args[0].device, failing, (4, 4))
+    assert decode_lut.lut_compile_failed(args[0].device, failing, (4, 4), 64)
     other = replace(failing, lut_tile=32)
-    assert not decode_lut.lut_compile_failed(args[0].device, other, (4, 4))
-    assert not decode_lut.lut_compile_failed(args[0].device, failing, (5, 3))  # other widths: their own key
+    assert not decode_lut.lut_compile_failed(args[0].device, other, (4, 4), 64)
+    assert not decode_lut.lut_compile_failed(
+        args[0].device, failing, (5, 3), 64
+    )  # other widths: their own key
+    assert not decode_lut.lut_compile_failed(args[0].device, failing, (4, 4), 128)  # another head_dim too
     tq_decode_attention(*args, config=other)
     assert tries == [failing, other]

@@ -231,7 +231,9 @@ def test_decode_gpu_gluon_kernel(config, key, v_bits, block_size, group, head_di
         assert mode == LUT_KEYS[key]
         out = torch.full_like(args[0], float("nan"))
         tq_decode_attention(*args, out=out, config=launch)
-        assert not decode_lut.lut_compile_failed(args[0].device, launch, (key[0], v_bits))  # no fallback
+        assert not decode_lut.lut_compile_failed(
+            args[0].device, launch, (key[0], v_bits), head_dim
+        )  # no fallback
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= 1e-2, dtype
 
@@ -263,7 +265,7 @@ def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits, head_dim):
         assert mode == ((4 if k_bits <= 4 else 8) if served else 0)
         out = torch.full_like(args[0], float("nan"))
         tq_decode_attention(*args, out=out, config=launch)
-        assert not decode_lut.lut_compile_failed(args[0].device, launch, (k_bits, v_bits))
+        assert not decode_lut.lut_compile_failed(args[0].device, launch, (k_bits, v_bits), head_dim)
         ref = decode_attention_reference(args[0].double(), *args[1:], compute_dtype=torch.float64)
         assert rel_err(out, ref) <= 1e-2, (block_size, group, dtype)
     # without TMA (sm_80, lut_tma off) the native widths stage by cp.async, the others take the Triton kernel
