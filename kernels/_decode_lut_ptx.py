@@ -196,13 +196,18 @@ def key_pieces(tile: int, key_mode: int, head_dim: int = 128) -> tuple[int, int]
     return tile // 8 * key_words(key_mode, head_dim) // size, size
 
 
+def value_pieces(tile: int, value_mode: int, head_dim: int = 128) -> tuple[int, int]:
+    """(value pieces per thread, piece bytes): each thread holds an eighth of the words of tile/4 tokens."""
+    return tile // 4, value_words(value_mode, head_dim) * 4 // 8
+
+
 @functools.cache
 def staging_asm(tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> tuple[str, str, str, str]:
     """(key stage, value stage, key unstage, value unstage) PTX for `tile`-token tiles: key pieces of 16
     bytes, or 8 (key_pieces), (tile/8)·(1 or 2) per thread; value pieces of D/16 or D/8 bytes (value mode
     4 or 8: a token's eighth), tile/4 per thread."""
     kp, ksize = key_pieces(tile, key_mode, head_dim)
-    vp, vsize = tile // 4, value_words(value_mode, head_dim) // 2
+    vp, vsize = value_pieces(tile, value_mode, head_dim)
     key_bytes = kp * 32 * ksize
     warp_bytes = warp_slot_bytes(tile, key_mode, value_mode, head_dim)
     return (
@@ -285,7 +290,8 @@ def tma_unstage_asm(
             "@!p bra WAIT_${:uid};"]  # fmt: skip
     keys += _read_pieces(key_mode, k_bits, n, words)
     values = ["{", ".reg .b32 s, b;", "mov.u32 s, global_smem;"]
-    values += _read_pieces(value_mode, v_bits, tile // 4, value_words(value_mode, head_dim) // 8)
+    n, size = value_pieces(tile, value_mode, head_dim)
+    values += _read_pieces(value_mode, v_bits, n, size // 4)
     return " ".join([*keys, "}"]), " ".join([*values, "}"])
 
 

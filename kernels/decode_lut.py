@@ -32,7 +32,7 @@ import torch
 
 from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries, use_pdl
-from ._decode_lut_ptx import key_pieces, value_words
+from ._decode_lut_ptx import key_pieces, value_pieces
 from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
 from ._tensor_map import box_map
 from .launch_config import DecodeLaunchConfig
@@ -100,7 +100,7 @@ def lut_mode_of(
         return 0
     key_mode = 4 if k_codec.bits <= 4 else 8
     key_piece = key_pieces(16, key_mode, head_dim)[1]
-    value_piece = value_words(lut_value_mode(v_codec.bits), head_dim) // 2
+    value_piece = value_pieces(16, lut_value_mode(v_codec.bits), head_dim)[1]
     if not (_aligned_words(k_packed, key_piece) and _aligned_words(v_packed, value_piece)):
         return 0
     spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS
