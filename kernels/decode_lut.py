@@ -106,9 +106,9 @@ def lut_mode_of(
     spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS
     if spread and not _use_tma(k_packed, v_packed, config):
         return 0
-    if k_codec.bits <= 4:
-        return 4
-    return 9 if kernel_tables(k_codec, query.device).uniform_step is not None else 8
+    if key_mode == 8 and kernel_tables(k_codec, query.device).uniform_step is not None:
+        return 9
+    return key_mode
 
 
 @functools.cache
