@@ -3,9 +3,9 @@
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
         [--json PATH] [--widths]
---widths times every key width with 4-bit values, every value width with 4-bit keys and a few mixed pairs
-(capacity's K5V3 among them) at 16 × 32K and 64 × 8K (graph replay) and prints each one's time per byte
-read against K4V4's (issue 35: within 1.3×).
+--widths [--head-dim 64] times every key width with 4-bit values, every value width with 4-bit keys and a
+few mixed pairs (capacity's K5V3 among them) at 16 × 32K and 64 × 8K (graph replay) and prints each one's
+time per byte read against K4V4's (issue 35: within 1.3×).
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
 in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
@@ -53,13 +53,15 @@ class Case:
     """One (B, S) decode problem in TQ form, plus dense bf16 K/V for SDPA; ours runs under `config`."""
 
     def __init__(
-        self, batch, seq, k_bits, v_bits, k_codebook="lloyd", v_codebook="lloyd", dense=True, config=None
-    ):
-        self.kc = TurboQuantCodec(D, k_bits, seed=1, codebook=k_codebook)
-        self.vc = TurboQuantCodec(D, v_bits, seed=2, codebook=v_codebook)
+        self, batch, seq, k_bits, v_bits, k_codebook="lloyd", v_codebook="lloyd", dense=True, config=None,
+        head_dim=D,
+    ):  # fmt: skip
+        self.head_dim = head_dim
+        self.kc = TurboQuantCodec(head_dim, k_bits, seed=1, codebook=k_codebook)
+        self.vc = TurboQuantCodec(head_dim, v_bits, seed=2, codebook=v_codebook)
         nb = batch * seq // BS
         dev = "cuda"
-        self.query = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
+        self.query = torch.randn(batch, HQ, head_dim, device=dev, dtype=torch.bfloat16)
         self.kp = torch.randint(0, 256, (nb, BS, H, self.kc.packed_dim), device=dev, dtype=torch.uint8)
         self.vp = torch.randint(0, 256, (nb, BS, H, self.vc.packed_dim), device=dev, dtype=torch.uint8)
         self.kn = torch.rand(nb, BS, H, device=dev) * 4 + 8
@@ -70,8 +72,8 @@ class Case:
         self.use(DecodeLaunchConfig() if config is None else config)
         self.out = torch.empty_like(self.query)
         if dense:
-            self.k = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
-            self.v = torch.randn(batch, H, seq, D, device=dev, dtype=torch.bfloat16)
+            self.k = torch.randn(batch, H, seq, head_dim, device=dev, dtype=torch.bfloat16)
+            self.v = torch.randn(batch, H, seq, head_dim, device=dev, dtype=torch.bfloat16)
             self.q4 = self.query.unsqueeze(2)
 
     def use(self, config: DecodeLaunchConfig) -> None:
@@ -87,14 +89,14 @@ class Case:
         return F.scaled_dot_product_attention(self.q4, self.k, self.v, enable_gqa=True)
 
     def dequantized_dense(self):
-        """The TQ cache as dense bf16 [B, H, S, D] (for a correctness check against SDPA)."""
+        """The TQ cache as dense bf16 [B, H, S, head_dim] (for a correctness check against SDPA)."""
         ids = self.tables.reshape(-1)
         parts = []
         for packed, norms, c in ((self.kp, self.kn, self.kc), (self.vp, self.vn, self.vc)):
-            out = torch.empty(ids.numel(), BS, H, D, device="cuda", dtype=torch.float32)
+            out = torch.empty(ids.numel(), BS, H, self.head_dim, device="cuda", dtype=torch.float32)
             tq_dequantize_blocks(packed, norms, ids, c, out)
             b = self.tables.shape[0]
-            parts.append(out.view(b, -1, H, D).transpose(1, 2).contiguous())
+            parts.append(out.view(b, -1, H, self.head_dim).transpose(1, 2).contiguous())
         return parts
 
 
@@ -218,16 +220,16 @@ def breakdown(config: DecodeLaunchConfig) -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=40))
 
 
-def width_grid(config: DecodeLaunchConfig) -> None:
-    """Graph µs of K{1..8}V4, K4V{1..8} and the mixed pairs of WIDTH_MIXED at WIDTH_SHAPES, per byte read
-    against K4V4's (last table)."""
+def width_grid(config: DecodeLaunchConfig, head_dim: int = D) -> None:
+    """Graph µs of K{1..8}V4, K4V{1..8} and the mixed pairs of WIDTH_MIXED at WIDTH_SHAPES and `head_dim`,
+    per byte read against K4V4's (last table)."""
     from tiercache.kernels import decode_lut
 
     pairs = sorted({(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)} | set(WIDTH_MIXED))
     rows = []
     for k_bits, v_bits in pairs:
         for batch, seq in WIDTH_SHAPES:
-            case = Case(batch, seq, k_bits, v_bits, dense=False, config=config)
+            case = Case(batch, seq, k_bits, v_bits, dense=False, config=config, head_dim=head_dim)
             group = HQ // H
             gluon = decode_lut.lut_mode_of(case.query, case.kp, case.vp, case.kc, case.vc, group, BS, config)
             rows.append((k_bits, v_bits, batch, seq, bench_us(graphed(case.ours)), case.tq_bytes,
@@ -236,7 +238,9 @@ def width_grid(config: DecodeLaunchConfig) -> None:
             del case
             torch.cuda.empty_cache()
     per_byte = {(b, s): us / n for k, v, b, s, us, n, _ in rows if (k, v) == (4, 4)}
-    print("\n# every width: graph µs and time per byte read against K4V4's (≤ 1.3 is the target)")
+    print(
+        f"\n# every width at head_dim {head_dim}: graph µs, time per byte read against K4V4's (≤ 1.3: target)"
+    )
     print("K | V | B × S | kernel | graph µs | MB read | µs per MB | per byte × K4V4")
     for k, v, b, s, us, n, kernel in rows:
         ratio = us / n / per_byte[(b, s)]
@@ -280,11 +284,13 @@ def main() -> None:
         "--before", nargs="?", const=json.dumps(BEFORE), default=None,
         help=f"also time this JSON launch configuration (default {BEFORE}: the Triton kernel)",
     )  # fmt: skip
+    parser.add_argument("--head-dim", type=int, default=D, help="the head_dim of --widths (64 or 128)")
     parser.add_argument("--config", default=None, help="JSON launch configuration to apply first")
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = replace(DecodeLaunchConfig(), **json.loads(args.config)) if args.config else DecodeLaunchConfig()
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.config or "{}").items()}
+    config = replace(DecodeLaunchConfig(), **changes)  # JSON lists → the config's tuples
     if args.profile:
         preset, batch, seq = args.profile.split(",")
         case = Case(int(batch), int(seq), *PRESETS[preset], dense=False, config=config)
@@ -308,7 +314,7 @@ def main() -> None:
             json.dump({"copy_gbs": copy_gbs, "config": asdict(config), "results": results}, f, indent=1)
     print_tables(results, copy_gbs)
     if args.widths:
-        width_grid(config)
+        width_grid(config, args.head_dim)
 
 
 if __name__ == "__main__":
