@@ -76,10 +76,9 @@ class DecodeLaunchConfig:
     most this many tile steps (decode_lut.lut_combines)."""
     lut_tma: bool = True
     """Gluon kernel: packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)."""
-    lut_head_dims: tuple[int, ...] = (128,)
+    lut_head_dims: tuple[int, ...] = (64, 128)
     """Gluon kernel: the head_dims whose decodes it takes, of those it is built for (decode_lut.lut_serves:
-    128 and 64). 64 is built and checked on the CPU (its PTX emulated, its layouts replayed, compiled under
-    Triton 3.6 and 3.8) but has not yet run on a GPU: add it to try it; the default takes it once it has."""
+    128, and 64 for even widths); leave one out to send its decodes to the Triton kernels."""
     lut_min_wave_fill: float = 0.9
     """Gluon kernel: its split planning's min_wave_fill."""
     lut_pdl_max_steps: int | None = 8

@@ -64,7 +64,7 @@ GOOD = [
     (DecodeLaunchConfig, {"lut": "none", "tile": 16, "merge_preload": True}),
     (DecodeLaunchConfig, {"min_wave_fill": 1, "lut_min_wave_fill": 0, "lut_combine_max_steps": 1 << 30}),
     (DecodeLaunchConfig, {"lut_programs_per_sm": 1, "maxnreg": 255, "num_warps": 8, "rotate_in_split": True}),
-    (DecodeLaunchConfig, {"lut_head_dims": (64, 128)}),
+    (DecodeLaunchConfig, {"lut_head_dims": (128,)}),
     (EncodeLaunchConfig, {"block_tokens": 32, "programs_per_sm": 4, "num_warps": 8, "num_stages": 3}),
     (DequantizeLaunchConfig, {"rows": 128, "programs_per_sm": 2, "num_warps": 8, "num_stages": 1}),
 ]
@@ -123,11 +123,12 @@ def test_split_planning_follows_the_config_it_is_given():
     assert plan_num_splits(1, 8, 4096, cpu) == 5
 
 
-def test_head_dim_64_takes_the_gluon_kernel_only_where_asked():
-    """The Gluon kernel is built for head_dim 64 (even widths) but takes it only with lut_head_dims naming it
-    (it has not yet run on a GPU); head_dim 128 by default."""
+def test_gluon_kernel_takes_the_head_dims_its_config_names():
+    """By default the Gluon kernel takes head_dims 128 and 64 (even widths at 64: odd ones have no TMA box
+    there); a config naming one head_dim sends the other's decodes to the Triton kernels."""
     from tiercache.kernels.decode_lut import lut_serves, lut_takes
 
-    default, both = DecodeLaunchConfig(), DecodeLaunchConfig(lut_head_dims=(64, 128))
-    assert lut_serves(4, 4, 64) and not lut_takes(4, 4, 64, default) and lut_takes(4, 4, 64, both)
-    assert lut_takes(5, 3, 128, default) and not lut_takes(5, 3, 64, both)  # odd widths: no TMA box at d64
+    default, only_128 = DecodeLaunchConfig(), DecodeLaunchConfig(lut_head_dims=(128,))
+    assert lut_takes(4, 4, 64, default) and lut_takes(6, 4, 64, default) and lut_takes(4, 4, 128, default)
+    assert lut_serves(4, 4, 64) and not lut_takes(4, 4, 64, only_128) and lut_takes(4, 4, 128, only_128)
+    assert lut_takes(5, 3, 128, default) and not lut_takes(5, 3, 64, default)  # odd widths: no TMA box at d64
