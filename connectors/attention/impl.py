@@ -153,7 +153,7 @@ def _flash_varlen(head_size: int):
 
 @functools.cache
 def _note_decode_speed(spec, head_size: int, capability: tuple[int, int]) -> None:
-    """One warning per codec and device kind where decode runs on the Triton split kernel (measured 2–17×
+    """One warning per codec and device kind where decode runs on the Triton split kernel (measured 2–35×
     slower per byte read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35): head_dims
     other than 128 and 64, odd widths at 64, and widths off the Gluon kernel's native ones before Hopper."""
     from tiercache.kernels import DecodeLaunchConfig
@@ -164,7 +164,7 @@ def _note_decode_speed(spec, head_size: int, capability: tuple[int, int]) -> Non
     if not taken or (widths not in NATIVE_WIDTHS and capability < (9, 0)):
         _LOG.warning(
             "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel on "
-            "this GPU (sm_%d%d), measured 2-17x slower per byte read than K4V4 on an H200; the fast decode "
+            "this GPU (sm_%d%d), measured 2-35x slower per byte read than K4V4 on an H200; the fast decode "
             "kernel serves K4V4, K8V4, K4V8 and K8V8 at head_dim 128 and 64, and on sm_90+ keys and values "
             "of 1-8 bits (at head_dim 64: 2, 4, 6 or 8 bits)",
             spec.name, *widths, head_size, *capability,
