@@ -271,6 +271,11 @@ def print_tables(results: list[dict], copy_gbs: float) -> None:
                   f" {r.get('before_graph_us', math.nan) / r['ours_graph_us']:11.2f}")  # fmt: skip
 
 
+def config_changes(changes: dict) -> dict:
+    """DecodeLaunchConfig fields parsed from JSON, its lists as the config's tuples (lut_head_dims)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="k4v4,k8v4,k8v4u")
@@ -289,8 +294,7 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.config or "{}").items()}
-    config = replace(DecodeLaunchConfig(), **changes)  # JSON lists → the config's tuples
+    config = replace(DecodeLaunchConfig(), **config_changes(json.loads(args.config or "{}")))
     if args.profile:
         preset, batch, seq = args.profile.split(",")
         case = Case(int(batch), int(seq), *PRESETS[preset], dense=False, config=config)
@@ -301,11 +305,11 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     print(f"{describe_device()}; copy bandwidth {copy_gbs:.0f} GB/s; config {asdict(config)}")
     if args.sweep:
-        variants = json.loads(args.variants) if args.variants else None
+        variants = [config_changes(v) for v in json.loads(args.variants)] if args.variants else None
         config = sweep(copy_gbs, config, args.adopt_best, variants)
     if args.breakdown:
         breakdown(config)
-    before = replace(config, **json.loads(args.before)) if args.before else None
+    before = replace(config, **config_changes(json.loads(args.before))) if args.before else None
     results: list[dict] = []
     for preset in filter(None, args.presets.split(",")):
         run_preset(preset, copy_gbs, results, config, before)
