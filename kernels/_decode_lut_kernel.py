@@ -24,8 +24,12 @@ value mode 8 (byte words, D/4 a token) looks up each token's byte and packs the 
 Other widths (K_BITS 1–3 in key mode 4, 5–7 in key mode 8, V_BITS 1–3 in value mode 4, 5–7 in value mode 8;
 sm_90+): the TMA boxes carry the packed rows unswizzled, and the read-back spreads each piece's fields into
 nibble or byte slots (_decode_lut_ptx.spread_piece_asm), so everything after it is the 4- or 8-bit path,
-with tables that repeat every 2^bits entries. At D = 64 those are the even widths (rows of 8·bits bytes: TMA
-boxes take rows of a multiple of 16 bytes; decode_lut.lut_serves).
+with tables that repeat every 2^bits entries. TMA boxes take rows of a multiple of 16 bytes: a token's row in
+the boxes and slots is its packed bytes rounded up to 16 (the box pitch); at D = 64 odd widths' rows (8·bits
+bytes, not a multiple of 16) come through flat-form maps (K_FLAT, V_FLAT: _tensor_map.box_map), whose boxes
+span a token's row of all heads from byte h·P rounded down to 16 (a box's inner coordinate is 16-byte
+aligned), so head h's bytes start (h·P mod 16) bytes into the row (0 or 8: P = 8·bits) and the pitch around
+them holds the neighbouring heads' (or zeros); the item's read-back offsets add that shift.
 The packed words of tile i + 1 are copied into shared memory while tile i is computed, in PTX the compiler
 does not see: on sm_90+ (TMA) as boxes of one block piece and kv head each, issued by a few lanes of the warp
 and completing on the warp's own mbarrier, the tokens in the slot order π (_tile_perm) that keeps the reads
@@ -56,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from ._decode_lut_ptx import GRID_WAIT_ASM as _GRID_WAIT_ASM
 from ._decode_lut_ptx import LUT_BYTES as _LUT_BYTES
 from ._decode_lut_ptx import (
+    box_pitch,
     fill_asm,
     k4_asm,
     k8_asm,
@@ -107,6 +112,7 @@ def _value_piece_layout(W, T):
 
 _shared_bytes = constexpr_function(shared_bytes)
 _warp_slot_bytes = constexpr_function(warp_slot_bytes)
+_box_pitch = constexpr_function(box_pitch)
 _fill_asm = constexpr_function(fill_asm)
 
 
@@ -422,18 +428,37 @@ def _native_read(row, c, m, ROW_BYTES: gl.constexpr, PIECE_BYTES: gl.constexpr):
 def _tma_stage(
     t0, end, h, bid, box_tok, box_key, box_dst, k_map, v_map,
     BLOCK_SIZE: gl.constexpr, STEP: gl.constexpr, ROWS: gl.constexpr, K_BYTES: gl.constexpr,
-    V_BYTES: gl.constexpr, STAGE: gl.constexpr,
+    V_BYTES: gl.constexpr, K_FLAT: gl.constexpr, V_FLAT: gl.constexpr, STAGE: gl.constexpr,
 ):  # fmt: skip
-    """Issue a tile's TMA boxes [W, 32] (lane j: box j, of ROWS tokens of K_BYTES or V_BYTES each from token
-    t0 + box_tok, keys where box_key; box_dst < 0: no box; bid: the boxes' block ids) and arrive on the
-    warps' mbarriers."""
+    """Issue a tile's TMA boxes [W, 32] (lane j: box j, of ROWS tokens from token t0 + box_tok, keys where
+    box_key, each token's row K_BYTES or V_BYTES packed bytes at their box pitch; box_dst < 0: no box; bid:
+    the boxes' block ids) and arrive on the warps' mbarriers."""
     t = t0 + box_tok
     offset = _in_block(t, box_tok, BLOCK_SIZE, STEP)
-    size = gl.where((t < end) & (box_dst >= 0), gl.where(box_key, K_BYTES, V_BYTES) * ROWS, 0)
+    pitch = gl.where(box_key, _box_pitch(K_BYTES), _box_pitch(V_BYTES))
+    size = gl.where((t < end) & (box_dst >= 0), pitch * ROWS, 0)
     tmap = gl.where(box_key, k_map, v_map)
+    x, y, z, w = _box_coords(h + box_tok * 0, offset, bid, box_key, K_BYTES, V_BYTES, K_FLAT, V_FLAT)
     gl.inline_asm_elementwise(
-        STAGE, "=r,l,r,r,r,r,r", [tmap, h + box_tok * 0, offset, bid, box_dst, size], gl.int32, False, 1
+        STAGE, "=r,l,r,r,r,r,r,r", [tmap, x, y, z, w, box_dst, size], gl.int32, False, 1
     )
+
+
+@gluon.jit
+def _box_coords(
+    h, offset, bid, box_key, K_BYTES: gl.constexpr, V_BYTES: gl.constexpr, K_FLAT: gl.constexpr,
+    V_FLAT: gl.constexpr,
+):  # fmt: skip
+    """The four coordinates (innermost first) of each lane's box [W, 32] of kv head h, `offset` in block
+    `bid`: {0, h, offset, block} in a native-form map (dims P, H, BS, NB), {h·P rounded down to 16, offset,
+    block, 0} in a flat-form one (dims H·P, BS, NB, 1), P = K_BYTES for key boxes, V_BYTES for value boxes."""
+    zero = offset * 0
+    if K_FLAT or V_FLAT:
+        flat = gl.where(box_key, K_FLAT, V_FLAT)
+        x = gl.where(flat, h * gl.where(box_key, K_BYTES, V_BYTES) // 16 * 16, zero)
+        return x, gl.where(flat, offset, h), gl.where(flat, bid, offset), gl.where(flat, zero, bid)
+    else:
+        return zero, h, offset, bid
 
 
 @gluon.jit
@@ -496,7 +521,9 @@ def _decode_lut_kernel(
     vp_ptr, svp_b, svp_o: gl.constexpr, svp_h: gl.constexpr,
     vn_ptr, svn_b, svn_o: gl.constexpr, svn_h: gl.constexpr,
     lut_ptr,  # [256, 2] int32: the two tables' entries (the key table and the value table)
-    k_map, v_map,  # TMA: global addresses of the caches' tensor maps (boxes of [1, rows, 1, Pk or Pv] bytes)
+    # TMA: global addresses of the caches' tensor maps, boxes of rows tokens of one block and kv head: native
+    # form [1, rows, 1, Pk or Pv] bytes; flat form (K_FLAT, V_FLAT) [1, 1, rows, pitch] of a token's heads
+    k_map, v_map,
     bt_ptr, sbt_b, sbt_m, ctx_ptr,  # block_tables [B, M], context_lens [B]
     po_ptr, pl_ptr,  # partial out [B, Hq, P, D] f32 (natural order), partial lse [B, Hq, P] f32
     H, Hq, G, S, P, split_tokens, num_items, max_blocks, k_step,  # P: room for partials per head
@@ -507,6 +534,7 @@ def _decode_lut_kernel(
     W: gl.constexpr, T: gl.constexpr,  # warps per program, tokens per warp and step
     K_STAGE: gl.constexpr, V_STAGE: gl.constexpr, K_UNSTAGE: gl.constexpr, V_UNSTAGE: gl.constexpr,
     TMA: gl.constexpr,  # TMA staging (sm_90+; K_STAGE: the boxes, V_STAGE: the mbarrier init)
+    K_FLAT: gl.constexpr, V_FLAT: gl.constexpr,  # TMA: flat-form key, value maps (rows not a multiple of 16)
     COMBINE: gl.constexpr,  # one partial per item (P ≥ S), else one per item and warp (P ≥ S·W)
     PDL: gl.constexpr = False,  # launched dependent on the query rotation: wait for it before reading qr_ptr
 ):  # fmt: skip
@@ -570,8 +598,16 @@ def _decode_lut_kernel(
         ROWS: gl.constexpr = BLOCK_SIZE if BLOCK_SIZE < T else T
         R_BOX: gl.constexpr = T // ROWS
         PK: gl.constexpr = 4 * KW  # a token's key slot (its value slots start at T·PK)
-        PKR: gl.constexpr = K_BITS * D // 8  # a token's packed bytes: its row in the boxes (≤ its slot)
-        PVR: gl.constexpr = V_BITS * D // 8  # ... of values (≤ its value slot, 4·VW)
+        PKR: gl.constexpr = K_BITS * D // 8  # a token's packed key bytes (place a piece's fields in its row)
+        PVR: gl.constexpr = V_BITS * D // 8  # ... value bytes
+        K_PITCH: gl.constexpr = _box_pitch(PKR)  # a token's row in the boxes and slots (sizes, row starts)
+        V_PITCH: gl.constexpr = _box_pitch(PVR)
+        # the rows fit the tokens' slots; flat-form maps are those of rows not a multiple of 16 bytes
+        gl.static_assert((K_PITCH <= PK) and (V_PITCH <= 4 * VW))
+        gl.static_assert(((K_PITCH != PKR) == K_FLAT) and ((V_PITCH != PVR) == V_FLAT))
+        # flat rows of P ≡ 8 (mod 16) bytes: a head's shift in its box row (h·P mod 16) is 0 or 8 and its
+        # bytes end within the pitch (P + 8)
+        gl.static_assert((PKR % 8 == 0) and (PVR % 8 == 0))
         WARP_BYTES: gl.constexpr = _warp_slot_bytes(T, K_MODE, V_MODE, D)  # the PTX's too (mbarriers follow)
         BXL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
         bx_w = gl.arange(0, W, layout=gl.SliceLayout(1, BXL))[:, None]
@@ -579,18 +615,19 @@ def _decode_lut_kernel(
         box_key = bx_j < R_BOX
         box_row = (bx_j % R_BOX) * ROWS  # the box's first token in the warp's T
         box_tok = bx_w * T + box_row
-        box_slot = gl.where(box_key, box_row * PKR, T * PK + box_row * PVR)
+        box_slot = gl.where(box_key, box_row * K_PITCH, T * PK + box_row * V_PITCH)
         box_dst = gl.where(bx_j < 2 * R_BOX, LUT_BYTES + bx_w * WARP_BYTES + box_slot, -1)
         # the read-back offsets of the pieces the threads hold: native rows as the TMA wrote them (64- and
         # 128-byte rows swizzled), or (other widths, rows not swizzled) the byte of a piece's first field
+        # (rows at the pitch, fields packed as in the cache)
         k_pt = _tile_perm(kc_m, V_MODE, D)[None, :, None]
-        k_row = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * PKR
+        k_row = LUT_BYTES + kc_w[:, None, None] * WARP_BYTES + k_pt * K_PITCH
         if PKR == PK:
             k_read = _native_read(k_row, kc_c[None, None, :], k_pt, PK, 4 * KPW)
         else:  # a piece: 4·KPW bytes of nibbles or bytes, 32·KPW / (4 or 8) fields
             k_read = k_row + kc_c[None, None, :] * (KPW * (8 if K_MODE == 4 else 4) * PKR // D)
         v_pt = _tile_perm(vc_t, V_MODE, D)[None, :, None]
-        v_row = LUT_BYTES + vc_w[:, None, None] * WARP_BYTES + T * PK + v_pt * PVR
+        v_row = LUT_BYTES + vc_w[:, None, None] * WARP_BYTES + T * PK + v_pt * V_PITCH
         if V_BITS == V_MODE:
             v_read = _native_read(v_row, vc_c[None, None, :], v_pt, PVR, VW // 2)
         else:  # a piece: D/8 fields
@@ -637,7 +674,7 @@ def _decode_lut_kernel(
             box_bid = _tile_blocks(start, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
             _tma_stage(
                 start, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map, BLOCK_SIZE, STEP, ROWS,
-                PKR, PVR, K_STAGE,
+                PKR, PVR, K_FLAT, V_FLAT, K_STAGE,
             )  # fmt: skip
             staged += 1
             box_bid = _tile_blocks(start + STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
@@ -652,17 +689,20 @@ def _decode_lut_kernel(
             BLOCK_SIZE, SCORE_ROWS, W, T, NBT,
         )  # fmt: skip
         bid = _tile_blocks(start + STEP, end, b_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)
+        if TMA:  # flat-form rows: head h's bytes start (h·P mod 16) bytes into its box rows
+            k_at = k_read + ((h * PKR) % 16 if K_FLAT else 0)
+            v_at = v_read + ((h * PVR) % 16 if V_FLAT else 0)
         if PDL:  # the first tile is on its way; the rotated query may still be being written
             per_thread(GRID_WAIT_ASM, threads)
             q, q_half = _item_query(q_row, qb_off, qb_mask, n_mask, k_step, K_MODE, W, D, MMA)
         for t0 in range(start, end, STEP):
             if TMA:  # wait for the phase of the last stage
                 kwords, vwords = _tma_unstage_tile(
-                    k_read, k_read * 0 + ((staged - 1) & 1), v_read, W, T, KW, VW, K_UNSTAGE, V_UNSTAGE, KPT
+                    k_at, k_at * 0 + ((staged - 1) & 1), v_at, W, T, KW, VW, K_UNSTAGE, V_UNSTAGE, KPT
                 )
                 _tma_stage(
                     t0 + STEP, end, h, box_bid, box_tok, box_key, box_dst, k_map, v_map,
-                    BLOCK_SIZE, STEP, ROWS, PKR, PVR, K_STAGE,
+                    BLOCK_SIZE, STEP, ROWS, PKR, PVR, K_FLAT, V_FLAT, K_STAGE,
                 )  # fmt: skip
                 staged += 1
                 box_bid = _tile_blocks(t0 + 2 * STEP, end, box_tok, bt_row, sbt_m, max_blocks, BS_SHIFT)

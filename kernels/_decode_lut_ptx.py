@@ -14,6 +14,7 @@ a token's words.
 from __future__ import annotations
 
 import functools
+import math
 
 LUT_BYTES = 256 * 256  # the table: 256 entries × 256 bytes, at offset 0 of shared memory
 
@@ -64,6 +65,13 @@ def warp_slot_bytes(tile: int, key_mode: int, value_mode: int, head_dim: int = 1
     """A warp's staging slots of one tile, either path (the kernel's WARP_BYTES): its key slots (D/2 or D
     bytes a token), then its value slots (D·value_mode/8 bytes a token); a constexpr function too."""
     return tile * head_dim * ((4 if key_mode == 4 else 8) + value_mode) // 8
+
+
+def box_pitch(row_bytes: int) -> int:
+    """A token's row in the TMA boxes and staging slots: its packed bytes (`row_bytes`) rounded up to 16, the
+    box rows' unit (the flat form's rows: the head's bytes, then the next head's or zeros); a constexpr
+    function too. Never more than the token's slot: D/2 or D key bytes, D·value_mode/8 value bytes."""
+    return (row_bytes + 15) // 16 * 16
 
 
 def fill_asm(rows_per_thread: int) -> str:
@@ -219,12 +227,13 @@ def staging_asm(tile: int, key_mode: int, value_mode: int, head_dim: int = 128) 
 
 
 # TMA staging (sm_90+): each warp's tiles arrive as TMA boxes (one block piece of one kv head: R = min(block
-# size, tile) tokens × the packed bytes), issued by lane j for box j, completing on the warp's mbarrier;
-# every lane arrives once per tile with the bytes its box brings. A warp's slots: its key boxes (token m's
-# bytes at m·Pk), then its value boxes (at tile·Sk + m·Pv; Sk: a token's key slot), each row's 16-byte
-# chunks swizzled by the TMA (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at
-# c ^ (m & 7); other rows, a multiple of 16 bytes, as they are). The mbarriers (8 bytes per warp) open the
-# last 8 KiB chunk (shared_bytes).
+# size, tile) tokens × the box pitch, box_pitch of the packed bytes), issued by lane j for box j, completing
+# on the warp's mbarrier; every lane arrives once per tile with the bytes its box brings. A warp's slots: its
+# key boxes (token m's row at m·pitch), then its value boxes (at tile·Sk + m·pitch; Sk: a token's key slot).
+# Native-form maps (_tensor_map.box_map: rows of a multiple of 16 bytes) swizzle each row's 16-byte chunks
+# (64-byte rows: chunk c of row m at c ^ ((m >> 1) & 3); 128-byte rows: at c ^ (m & 7); other rows as they
+# are); flat-form maps (other rows) write them unswizzled, each row's packed bytes followed by the next head's
+# (or zeros) up to the pitch. The mbarriers (8 bytes per warp) open the last 8 KiB chunk (shared_bytes).
 
 
 def _mbarrier(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> list[str]:
@@ -249,17 +258,18 @@ def tma_init_asm(warps: int, tile: int, key_mode: int, value_mode: int, head_dim
 @functools.cache
 def tma_stage_asm(warps: int, tile: int, key_mode: int, value_mode: int, head_dim: int = 128) -> str:
     """One lane's TMA box of a tile and its arrival on the warp's mbarrier expecting the box's bytes ($1: the
-    tensor map's global address; $2, $3, $4: the box's head, offset in its block and block coordinates;
-    $5: its shared offset from global_smem; $6: its bytes, 0 for no box; $0: unused). The proxy fence and
-    the warp sync order every lane's earlier reads of the slots before the boxes overwrite them."""
+    tensor map's global address; $2 … $5: the box's four coordinates, innermost first: {0, head, offset in
+    its block, block} in a native-form map, {head·P, offset, block, 0} in a flat-form one; $6: its shared
+    offset from global_smem; $7: its bytes, 0 for no box; $0: unused). The proxy fence and the warp sync
+    order every lane's earlier reads of the slots before the boxes overwrite them."""
     return " ".join([
-        "{", ".reg .b32 s, m, x, z;", ".reg .pred p;", ".reg .b64 st;",
+        "{", ".reg .b32 s, m, x;", ".reg .pred p;", ".reg .b64 st;",
         *_mbarrier(warps, tile, key_mode, value_mode, head_dim),
-        "fence.proxy.async.shared::cta;", "bar.warp.sync -1;", "mov.u32 z, 0;",
-        "mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], $6;", "setp.ne.u32 p, $6, 0;",
-        "add.u32 x, $5, s;",
+        "fence.proxy.async.shared::cta;", "bar.warp.sync -1;",
+        "mbarrier.arrive.expect_tx.shared::cta.b64 st, [m], $7;", "setp.ne.u32 p, $7, 0;",
+        "add.u32 x, $6, s;",
         "@p cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [x], [$1, {z, $2, $3, $4}], [m];",
+        " [x], [$1, {$2, $3, $4, $5}], [m];",
         "mov.b32 $0, 0;", "}",
     ])  # fmt: skip
 
@@ -316,24 +326,26 @@ def spread_piece_asm(
     bits: int, fields: int, pieces: int, outputs: list[list[str]], offsets: list[str]
 ) -> str:  # fmt: skip
     """Read and spread `pieces` pieces (s: global_smem set): piece p's first field at shared byte offset
-    offsets[p] (whole bytes; pieces of a whole number of half words, which start half way into a word where
-    they are not a whole number of words), its len(outputs[p]) words of `fields` fields each,
-    `32 // fields`-bit slots, into outputs[p]."""
+    offsets[p], its len(outputs[p]) words of `fields` fields each, `32 // fields`-bit slots, into outputs[p].
+    Pieces are whole bytes laid end to end from a 4-byte aligned row, so a piece starts at a multiple of
+    gcd(piece bits, 32) bits into a word (0 for pieces of whole words; 0 or 16 for whole half words; else any
+    byte); it reads, from the piece's first word, the words a piece at the latest such start spans, which
+    may reach a few bytes past the piece (the caller's rows keep them inside shared memory)."""
     slot = 32 // fields
     piece_bits = len(outputs[0]) * fields * bits
-    assert piece_bits % 16 == 0
-    unaligned = piece_bits % 32 != 0  # odd pieces start at bit 16
-    words = -(-(piece_bits + (16 if unaligned else 0)) // 32)
+    assert piece_bits % 8 == 0
+    latest = 32 - math.gcd(piece_bits, 32)  # the latest bit of a word a piece can start at
+    words = -(-(piece_bits + latest) // 32)
     regs = ", ".join(f"w{i}" for i in range(words))
     lines = ["{", f".reg .b32 a, g, x, {regs};"]
     for p in range(pieces):
-        if unaligned:
+        if latest:
             lines += [f"and.b32 a, {offsets[p]}, 3;", "shl.b32 a, a, 3;",
                       f"and.b32 b, {offsets[p]}, 0xfffffffc;", "add.u32 b, b, s;"]  # fmt: skip
         else:
             lines.append(f"add.u32 b, {offsets[p]}, s;")
         lines += [f"ld.shared.b32 w{i}, [b+{4 * i}];" for i in range(words)]
-        if unaligned:  # the piece's bits from bit 0 of w0 (the last word's high half: beyond the piece)
+        if latest:  # the piece's bits from bit 0 of w0 (the last word's high bits: beyond the piece)
             lines += [f"shf.r.clamp.b32 w{i}, w{i}, w{i + 1}, a;" for i in range(words - 1)]
             lines.append(f"shr.u32 w{words - 1}, w{words - 1}, a;")
         for k, out in enumerate(outputs[p]):

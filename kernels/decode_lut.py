@@ -5,8 +5,11 @@ DecodeLaunchConfig, passed to every function here.
 Provides:
     lut_mode_of(query, k_packed, v_packed, k_codec, v_codec, group, block_size, config) -> key mode or 0
     lut_value_mode(v_bits) -> 4 or 8               the value mode (values of 1–4 bits or of 5–8)
-    lut_serves(k_bits, v_bits, head_dim) -> bool   the widths and head_dims the Gluon kernel is built for
+    lut_serves(k_bits, v_bits, head_dim) -> bool   the widths and head_dims the Gluon kernel is built for:
+        keys and values of 1–8 bits at head_dim 64 and 128 (widths off NATIVE_WIDTHS on sm_90+, by TMA)
     lut_takes(k_bits, v_bits, head_dim, config) -> bool   those it takes under a launch config
+    lut_takes_pages(k_bits, v_bits, head_dim, num_kv_heads, config) -> bool   those it takes over primary
+        mode's pages (tiercache.pages)
     lut_partials(batch, num_kv_heads, max_tokens, device, config, head_dim) -> partials per query head it
         needs
     launch_lut(..., workspace, out, key_mode, config) -> out          raises LutUnsupported before launching
@@ -34,7 +37,7 @@ from ._backend import HAVE_TRITON, cuda_index, interpreting, num_sms
 from ._decode_launch import LAST_COMPILED, check_capacity, merge, plan_splits, rotate_queries, use_pdl
 from ._decode_lut_ptx import key_pieces, value_pieces
 from ._tables import UNIFORM8_ASM, decode_lut_table, kernel_tables
-from ._tensor_map import box_map
+from ._tensor_map import box_map, flat_rows
 from .launch_config import DecodeLaunchConfig
 
 _LOG = logging.getLogger(__name__)
@@ -55,20 +58,29 @@ NATIVE_WIDTHS = ((4, 4), (8, 4), (4, 8), (8, 8))
 
 def lut_serves(k_bits: int, v_bits: int, head_dim: int) -> bool:
     """Whether the Gluon kernel is built for these widths and head_dim: keys and values of 1–8 bits at
-    head_dim 128; of 2, 4, 6 or 8 bits at head_dim 64 (other head_dims decode on the Triton kernel). Widths
-    other than NATIVE_WIDTHS need TMA (sm_90+), whose boxes take rows of a multiple of 16 bytes: a packed
-    row is head_dim·bits/8 bytes, 8·bits at head_dim 64, so odd widths there (rows of 8, 24, 40, 56 bytes,
-    the caches' head strides too where heads are packed densely) have no TMA box and no 16-byte copy, and
-    take the Triton kernel."""
-    if not (1 <= k_bits <= 8 and 1 <= v_bits <= 8):
-        return False
-    return head_dim == 128 or (head_dim == 64 and k_bits % 2 == 0 and v_bits % 2 == 0)
+    head_dim 128 and 64 (other head_dims decode on the Triton kernel). Widths other than NATIVE_WIDTHS need
+    TMA (sm_90+), whose boxes take rows of a multiple of 16 bytes: a packed row is head_dim·bits/8 bytes,
+    8·bits at head_dim 64, so odd widths there (rows of 8, 24, 40, 56 bytes) take boxes of a token's row of
+    all heads (_tensor_map's flat form), which need the heads packed densely and 16-byte aligned token and
+    block strides (lut_mode_of)."""
+    return 1 <= k_bits <= 8 and 1 <= v_bits <= 8 and head_dim in (64, 128)
 
 
 def lut_takes(k_bits: int, v_bits: int, head_dim: int, config: DecodeLaunchConfig) -> bool:
     """Whether decodes of these widths and head_dim take the Gluon kernel under `config` (where the device,
     dtypes and caches allow: lut_mode_of): lut_serves, at a head_dim of config.lut_head_dims."""
     return head_dim in config.lut_head_dims and lut_serves(k_bits, v_bits, head_dim)
+
+
+def lut_takes_pages(
+    k_bits: int, v_bits: int, head_dim: int, num_kv_heads: int, config: DecodeLaunchConfig
+) -> bool:
+    """lut_takes over primary mode's pages, whose sections hold a token's heads densely (tokens H·P bytes
+    apart): rows of a multiple of 16 bytes always, other rows (odd widths at head_dim 64) only where a
+    token's row of heads is one too (the flat TMA boxes' pitch: H·bits even), else the Triton kernel."""
+    rows = (head_dim * k_bits // 8, head_dim * v_bits // 8)
+    fits = all(row % 16 == 0 or num_kv_heads * row % 16 == 0 for row in rows)
+    return fits and lut_takes(k_bits, v_bits, head_dim, config)
 
 
 def lut_value_mode(v_bits: int) -> int:
@@ -83,10 +95,11 @@ def lut_mode_of(
     5–8 bits; 9: uniform 8-bit keys by arithmetic), else 0; its value mode follows from the value width
     (lut_value_mode). Where: config.lut_kernel, CUDA (sm_80+), 16-bit queries, lut_serves' widths and
     head_dim, G ≤ 8, a power-of-two block size of at least 8 tokens (a block piece is a register dimension of
-    the kernel's layouts: 8 tokens, an MMA row group, at least), and packed caches it can copy in its pieces
-    (_decode_lut_ptx: keys 16 bytes, or 8 at head_dim 64 in key mode 4; values an eighth of a token's operand
-    words); widths off NATIVE_WIDTHS only with TMA staging (sm_90+, 16-byte aligned caches, config.lut_tma;
-    boxes of ≥ 8 rows of a multiple of 16 bytes: 128-byte aligned slots)."""
+    the kernel's layouts: 8 tokens, an MMA row group, at least), and packed caches: NATIVE_WIDTHS where it
+    can copy them in its pieces (_decode_lut_ptx: keys 16 bytes, or 8 at head_dim 64 in key mode 4; values
+    an eighth of a token's operand words); other widths only with TMA staging (sm_90+, config.lut_tma, caches
+    that take TMA boxes: _takes_boxes; boxes of ≥ 8 rows at a pitch of a multiple of 16 bytes: 128-byte
+    aligned slots)."""
     if not (config.lut_kernel and HAVE_GLUON and query.is_cuda and not interpreting()):
         return 0
     if query.dtype not in (torch.float16, torch.bfloat16) or group > 8:
@@ -99,12 +112,12 @@ def lut_mode_of(
     if _capability(cuda_index(query.device)) < (8, 0):
         return 0
     key_mode = 4 if k_codec.bits <= 4 else 8
-    key_piece = key_pieces(16, key_mode, head_dim)[1]
-    value_piece = value_pieces(16, lut_value_mode(v_codec.bits), head_dim)[1]
-    if not (_aligned_words(k_packed, key_piece) and _aligned_words(v_packed, value_piece)):
-        return 0
-    spread = (k_codec.bits, v_codec.bits) not in NATIVE_WIDTHS
-    if spread and not _use_tma(k_packed, v_packed, config):
+    if (k_codec.bits, v_codec.bits) in NATIVE_WIDTHS:
+        key_piece = key_pieces(16, key_mode, head_dim)[1]
+        value_piece = value_pieces(16, lut_value_mode(v_codec.bits), head_dim)[1]
+        if not (_aligned_words(k_packed, key_piece) and _aligned_words(v_packed, value_piece)):
+            return 0
+    elif not _use_tma(k_packed, v_packed, config):
         return 0
     if key_mode == 8 and kernel_tables(k_codec, query.device).uniform_step is not None:
         return 9
@@ -143,10 +156,20 @@ def lut_programs_per_sm(
 
 
 def _use_tma(k_packed: torch.Tensor, v_packed: torch.Tensor, config: DecodeLaunchConfig) -> bool:
-    """TMA staging: on sm_90+ (and config.lut_tma) where both caches' addresses and strides are 16-byte
-    aligned (else cp.async)."""
+    """TMA staging: on sm_90+ (and config.lut_tma) where both caches take TMA boxes (else cp.async)."""
     tma_device = config.lut_tma and _capability(cuda_index(k_packed.device)) >= (9, 0)
-    return tma_device and _aligned_words(k_packed, 16) and _aligned_words(v_packed, 16)
+    return tma_device and _takes_boxes(k_packed) and _takes_boxes(v_packed)
+
+
+def _takes_boxes(packed: torch.Tensor) -> bool:
+    """Whether `packed` [NB, BS, H, P] uint8 takes TMA boxes of one block and kv head (_tensor_map): in the
+    native form (P a multiple of 16) where its address and strides are 16-byte aligned; in the flat form
+    (other P) where its heads are dense (head stride P) and its address, token and block strides are."""
+    if not flat_rows(packed):
+        return _aligned_words(packed, 16)
+    dense = packed.stride(3) == 1 and packed.stride(2) == packed.shape[3]
+    aligned = packed.stride(1) % 16 == 0 and packed.stride(0) % 16 == 0 and packed.data_ptr() % 16 == 0
+    return dense and aligned
 
 
 def _tensor_maps(k_packed: torch.Tensor, v_packed: torch.Tensor, rows: int) -> tuple[int, int] | None:
@@ -264,8 +287,8 @@ def launch_lut(
     constexprs = dict(
         BLOCK_SIZE=block_size, BS_SHIFT=block_size.bit_length() - 1, K_MODE=key_mode, K_ASM=k_asm,
         V_MODE=value_mode, V_ASM=v_asm, K_BITS=widths[0], V_BITS=widths[1], D=head_dim, W=warps, T=tile,
-        K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma, COMBINE=combine,
-        PDL=pdl,
+        K_STAGE=stage[0], V_STAGE=stage[1], K_UNSTAGE=stage[2], V_UNSTAGE=stage[3], TMA=tma,
+        K_FLAT=tma and flat_rows(k_packed), V_FLAT=tma and flat_rows(v_packed), COMBINE=combine, PDL=pdl,
         num_warps=warps, maxnreg=config.lut_maxnreg, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     capability = _capability(cuda_index(dev))

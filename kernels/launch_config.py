@@ -78,7 +78,7 @@ class DecodeLaunchConfig:
     """Gluon kernel: packed words arrive by TMA boxes on sm_90+ (else, and on sm_80, by cp.async)."""
     lut_head_dims: tuple[int, ...] = (64, 128)
     """Gluon kernel: the head_dims whose decodes it takes, of those it is built for (decode_lut.lut_serves:
-    128, and 64 for even widths); leave one out to send its decodes to the Triton kernels."""
+    128 and 64); leave one out to send its decodes to the Triton kernels."""
     lut_min_wave_fill: float = 0.9
     """Gluon kernel: its split planning's min_wave_fill."""
     lut_pdl_max_steps: int | None = 8

@@ -71,7 +71,7 @@ class PrimaryAttentionImpl(AttentionImpl[PrimaryMetadata]):
             check_fit(self.spec, kv_cache_dtype, head_size, decision.model_dtype)
         self.codec = None if self.exact else _codec(self.spec, head_size, decision.model_dtype)
         if self.codec is not None and torch.cuda.is_available():
-            _note_decode_speed(self.spec, head_size, torch.cuda.get_device_capability())
+            _note_decode_speed(self.spec, head_size, self.num_kv_heads, torch.cuda.get_device_capability())
         self._attention: PagedAttention | None = None  # built at the first call: the block size is known then
 
     def attention(self, block_size: int) -> PagedAttention:
@@ -152,22 +152,23 @@ def _flash_varlen(head_size: int):
 
 
 @functools.cache
-def _note_decode_speed(spec, head_size: int, capability: tuple[int, int]) -> None:
-    """One warning per codec and device kind where decode runs on the Triton split kernel (measured 2–35×
-    slower per byte read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md, issue 35): head_dims
-    other than 128 and 64, odd widths at 64, and widths off the Gluon kernel's native ones before Hopper."""
+def _note_decode_speed(spec, head_size: int, num_kv_heads: int, capability: tuple[int, int]) -> None:
+    """One warning per codec, model shape and device kind where decode runs on the Triton split kernel
+    (measured 2–35× slower per byte read than the Gluon kernel's K4V4 on an H200: benchmarks/RESULTS.md,
+    issue 35): head_dims other than 128 and 64, odd widths at 64 with an odd number of KV heads, and widths
+    off the Gluon kernel's native ones before Hopper."""
     from tiercache.kernels import DecodeLaunchConfig
-    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes_pages
 
     widths = (spec.key_bits, spec.value_bits)
-    taken = lut_takes(*widths, head_size, DecodeLaunchConfig())
+    taken = lut_takes_pages(*widths, head_size, num_kv_heads, DecodeLaunchConfig())
     if not taken or (widths not in NATIVE_WIDTHS and capability < (9, 0)):
         _LOG.warning(
             "tiercache primary mode: codec %s (K%dV%d, head_dim %d) decodes on the Triton split kernel on "
-            "this GPU (sm_%d%d), measured 2-35x slower per byte read than K4V4 on an H200; the fast decode "
-            "kernel serves K4V4, K8V4, K4V8 and K8V8 at head_dim 128 and 64, and on sm_90+ keys and values "
-            "of 1-8 bits (at head_dim 64: 2, 4, 6 or 8 bits)",
-            spec.name, *widths, head_size, *capability,
+            "this GPU (sm_%d%d, %d KV heads), measured 2-35x slower per byte read than K4V4 on an H200; the "
+            "fast decode kernel serves K4V4, K8V4, K4V8 and K8V8 at head_dim 128 and 64, and on sm_90+ keys "
+            "and values of 1-8 bits (at head_dim 64 odd widths where KV heads x bits is even)",
+            spec.name, *widths, head_size, *capability, num_kv_heads,
         )  # fmt: skip
 
 

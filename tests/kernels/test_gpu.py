@@ -193,7 +193,9 @@ def test_layered_encode_and_dequantize_gpu_equal_the_one_layer_kernels(k_bits, v
 
 def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4, head_dim=128):
     """A decode problem the Gluon kernel takes: head_dim 128 or 64, strided caches viewed out of wider
-    buffers at byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them)."""
+    buffers at byte `offset` (16: aligned for its 16-byte copies; 4: it must decline them): each head's row
+    in a wider one, or (rows not a multiple of 16 bytes, which TMA boxes take only with the heads dense) each
+    token's row of heads in a wider one."""
     gen = torch.Generator().manual_seed(seed)
     bits, codebook = key
     kc = TurboQuantCodec(head_dim, bits, seed=1, codebook=codebook)
@@ -201,9 +203,14 @@ def lut_case(key, block_size, group, dtype, lens, seed, offset=16, v_bits=4, hea
     num_blocks = sum(-(-n // block_size) for n in lens) + 16
 
     def cache(c):
-        wide = torch.randint(0, 256, (num_blocks, block_size, 8, c.packed_dim + 16), generator=gen)
+        p = c.packed_dim
+        dense = p % 16 != 0  # the heads of a token dense, the token rows strided
+        inner = (8 * p + 16,) if dense else (8, p + 16)
+        wide = torch.randint(0, 256, (num_blocks, block_size, *inner), generator=gen).to(torch.uint8).to(DEV)
         norms = torch.rand(num_blocks, block_size, 8, generator=gen) * 4 + 0.5
-        return wide.to(torch.uint8).to(DEV)[..., offset : offset + c.packed_dim], norms.to(DEV)
+        if dense:
+            return wide[..., offset : offset + 8 * p].view(num_blocks, block_size, 8, p), norms.to(DEV)
+        return wide[..., offset : offset + p], norms.to(DEV)
 
     (kp, kn), (vp, vn) = cache(kc), cache(vc)
     tables = random_block_tables(lens, block_size, num_blocks, gen).to(DEV)
@@ -245,11 +252,11 @@ BOTH_HEAD_DIMS = (64, 128)  # the default (DecodeLaunchConfig.lut_head_dims), na
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("k_bits,v_bits", EVERY_WIDTH)
 def test_decode_gpu_gluon_kernel_every_width(k_bits, v_bits, head_dim):
-    """Every width the Gluon kernel serves (keys and values of 1–8 bits at head_dim 128; of 2, 4, 6, 8 bits at
-    head_dim 64) against the float64 reference, forced onto it at a small shape (block sizes 16 and 32, G 4
-    and 1, float16 and bfloat16); widths other than its native K4V4, K8V4, K4V8 and K8V8 spread their packed
-    bits into its 4- and 8-bit words and need TMA staging (sm_90+). Odd widths at head_dim 64 (rows of
-    8·bits bytes: no TMA box) take the Triton kernel, with the same result."""
+    """Every width the Gluon kernel serves (keys and values of 1–8 bits at head_dim 128 and 64) against the
+    float64 reference, forced onto it at a small shape (block sizes 16 and 32, G 4 and 1, float16 and
+    bfloat16); widths other than its native K4V4, K8V4, K4V8 and K8V8 spread their packed bits into its 4-
+    and 8-bit words and need TMA staging (sm_90+); odd widths at head_dim 64 (rows of 8·bits bytes) come by
+    flat-form TMA boxes of a token's row of heads (lut_case packs those caches' heads densely)."""
     if not decode_lut.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     native = (k_bits, v_bits) in decode_lut.NATIVE_WIDTHS

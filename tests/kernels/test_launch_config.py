@@ -124,11 +124,26 @@ def test_split_planning_follows_the_config_it_is_given():
 
 
 def test_gluon_kernel_takes_the_head_dims_its_config_names():
-    """By default the Gluon kernel takes head_dims 128 and 64 (even widths at 64: odd ones have no TMA box
-    there); a config naming one head_dim sends the other's decodes to the Triton kernels."""
+    """By default the Gluon kernel takes head_dims 128 and 64 at every width; a config naming one head_dim
+    sends the other's decodes to the Triton kernels."""
     from tiercache.kernels.decode_lut import lut_serves, lut_takes
 
     default, only_128 = DecodeLaunchConfig(), DecodeLaunchConfig(lut_head_dims=(128,))
     assert lut_takes(4, 4, 64, default) and lut_takes(6, 4, 64, default) and lut_takes(4, 4, 128, default)
     assert lut_serves(4, 4, 64) and not lut_takes(4, 4, 64, only_128) and lut_takes(4, 4, 128, only_128)
-    assert lut_takes(5, 3, 128, default) and not lut_takes(5, 3, 64, default)  # odd widths: no TMA box at d64
+    assert (
+        lut_takes(5, 3, 128, default) and lut_takes(5, 3, 64, default) and not lut_takes(5, 3, 64, only_128)
+    )
+
+
+def test_primary_pages_take_the_gluon_kernel_where_a_token_row_of_heads_fits_a_tma_box():
+    """Primary mode's pages hold a token's heads densely: odd widths at head_dim 64 (rows of 8·bits bytes)
+    take the Gluon kernel where KV heads × bits is even (the row of heads a multiple of 16 bytes)."""
+    from tiercache.kernels.decode_lut import lut_takes_pages
+
+    default = DecodeLaunchConfig()
+    assert lut_takes_pages(5, 3, 64, 8, default) and lut_takes_pages(5, 3, 64, 2, default)
+    assert not lut_takes_pages(5, 3, 64, 3, default) and not lut_takes_pages(4, 3, 64, 3, default)
+    assert lut_takes_pages(4, 4, 64, 3, default) and lut_takes_pages(6, 2, 64, 3, default)
+    assert lut_takes_pages(5, 3, 128, 3, default)
+    assert not lut_takes_pages(5, 3, 64, 8, DecodeLaunchConfig(lut_head_dims=(128,)))

@@ -179,3 +179,13 @@ def test_cli_counts_the_disk_tier(tmp_path, capsys):
     args = ["plan", "--model", json.dumps(LLAMA3_8B), "--config", str(tiers), "--gpu-memory", "80GiB"]
     assert main(args) == 0
     assert f"tiers.disk per rank: 1.00 GiB at {tmp_path}: ~20,971 tokens" in capsys.readouterr().out
+
+
+def test_decode_column_names_the_kernel_each_model_shape_gets():
+    """Odd widths at head_dim 64 decode on the Gluon kernel where KV heads × bits is even (Llama-3.2-1B's 8
+    heads), on the Triton kernel at SmolLM2's 3; even widths on Gluon at both."""
+    capacity = KVCodecSpec(5, 3)
+    llama_1b = by_name(plan_rows(ModelGeometry(16, 8, 64), GIB, GIB, capacity))
+    smollm = by_name(plan_rows(ModelGeometry(30, 3, 64), GIB, GIB, capacity))
+    assert llama_1b["capacity"].decode.startswith("Gluon") and smollm["capacity"].decode.startswith("Triton")
+    assert llama_1b["balanced"].decode.startswith("Gluon") and smollm["balanced"].decode.startswith("Gluon")

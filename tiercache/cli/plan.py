@@ -105,7 +105,7 @@ def plan_rows(
 ) -> list[PlanRow]:
     from tiercache.codecs import KVCodecSpec
     from tiercache.kernels import DecodeLaunchConfig
-    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes
+    from tiercache.kernels.decode_lut import NATIVE_WIDTHS, lut_takes_pages
 
     L, H, d = geometry.num_layers, geometry.num_kv_heads, geometry.head_dim
 
@@ -125,7 +125,7 @@ def plan_rows(
     for spec in specs:
         label = f"TQ K{spec.key_bits}V{spec.value_bits} ({spec.name})"
         widths = (spec.key_bits, spec.value_bits)
-        if not lut_takes(*widths, d, DecodeLaunchConfig()):
+        if not lut_takes_pages(*widths, d, H, DecodeLaunchConfig()):
             decode = "Triton, 2-35x slower/byte"
         else:
             decode = "Gluon (fast)" if widths in NATIVE_WIDTHS else "Gluon on sm_90+ (fast)"
