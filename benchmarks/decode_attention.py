@@ -206,11 +206,12 @@ def sweep(
     return chosen
 
 
-def breakdown(config: DecodeLaunchConfig) -> None:
-    """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at (1, 4K), (1, 32K) and (16, 32K)."""
+def breakdown(config: DecodeLaunchConfig, shapes=((1, 4096), (1, 32768), (16, 32768))) -> None:
+    """Per-kernel CUDA time of one decode call (torch.profiler), K4V4 at `shapes` (--shapes, else (1, 4K),
+    (1, 32K) and (16, 32K))."""
     from torch.profiler import ProfilerActivity, profile
 
-    for shape in ((1, 4096), (1, 32768), (16, 32768)):
+    for shape in shapes:
         case = Case(*shape, 4, 4, dense=False, config=config)
         case.ours()
         torch.cuda.synchronize()
@@ -316,7 +317,7 @@ def main() -> None:
         variants = [config_changes(v) for v in json.loads(args.variants)] if args.variants else None
         config = sweep(copy_gbs, config, args.adopt_best, variants)
     if args.breakdown:
-        breakdown(config)
+        breakdown(config, *([SHAPES] if args.shapes else []))
     before = replace(config, **config_changes(json.loads(args.before))) if args.before else None
     results: list[dict] = []
     for preset in filter(None, args.presets.split(",")):

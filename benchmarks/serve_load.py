@@ -362,7 +362,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict | str]:
     parser.add_argument(
         "--connector", action="store_true", help="the TierCacheConnector on tiercache configs"
     )
-    parser.add_argument("--vram", default="1GiB", help="with --connector: its VRAM tier")
+    parser.add_argument(
+        "--vram", default="1GiB", help="the connector's VRAM tier (--connector, tiercache-offload)"
+    )
     parser.add_argument("--dram", default="8GiB", help="with --connector: its DRAM tier")
     parser.add_argument("--host-gib", type=float, default=8.0, help="offload configs: host memory each")
     parser.add_argument("--offload-codec", default="k8v4", help="tiercache-offload: its codec")
