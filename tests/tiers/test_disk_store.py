@@ -211,3 +211,30 @@ def test_disk_steps_write_dram_slots_and_read_them_back_in_bounded_batches(tmp_p
     assert {f.block_hash for f in scan(steps.store.directory)} == {hashes[2], hashes[4]}
     assert dict((c.event, c.blocks) for c in steps.take_counts()) == {"written": 5, "bad_values": 1}
     steps.close()
+
+
+@pytest.mark.parametrize("direct", DIRECT)
+def test_the_writer_reuses_its_value_buffers_and_files_stay_exact(tmp_path, direct):
+    """Values are encoded into the store's page-aligned buffers (written to their files as they are) and
+    come back to it once written: rounds of writes reuse the same buffers, and every file reads back
+    byte-exact, zero padding included; values a full queue dropped go back too."""
+    store = DiskStore(str(tmp_path), namespace(), direct=direct)
+    data = rows(12, seed=3)
+    for round_ in range(3):  # a round's buffers are free again once flushed
+        hashes = [bytes([round_, i]) * 8 for i in range(4)]
+        writer = write(store, hashes, data[4 * round_ : 4 * round_ + 4])
+        assert writer.stats()["written"] == 4
+        writer.close()
+        got = read_blocks(store, hashes)
+        assert torch.equal(torch.stack([b.row for b in got]), data[4 * round_ : 4 * round_ + 4])
+    assert len(store._files) <= 4 + 4 and len(store._free) == len(store._files)  # queue + a writing batch
+    for path in (store.path(bytes([2, i]) * 8) for i in range(4)):
+        with open(path, "rb") as f:
+            content = f.read()
+        assert len(content) == file_bytes(LAYOUT) and not any(content[namespace().value_bytes :])
+    full = RemoteWriter(store, max_blocks=1, batch_blocks=1)
+    sums = block_checksum(checksums_of(block_views(data[:1], LAYOUT)), LAYOUT).tolist()[0]
+    offered = [full.offer(bytes([9, i]) * 8, data[0], (sums[0], sums[1])) for i in range(50)]
+    assert full.flush(30) and full.stats()["dropped_full"] == offered.count(False)  # a queue of one: some
+    full.close()
+    assert len(store._free) == len(store._files)  # every buffer back, the dropped ones included

@@ -10,6 +10,10 @@ Provides:
                                         removes the temporary files a crash left there
         directory, file_bytes, direct (bool), direct_refusal (why not direct, or None), tier_name "disk"
         exists(hashes) -> RemoteAnswer      which blocks have a file (the writer's "not written twice")
+        new_value() -> [value_bytes] uint8  a buffer for one value: the head of a page-aligned, zero-padded
+                                            file-sized buffer, reused after release (a pool of at most the
+                                            writer's queue and batch), which put writes to its file as it is
+        release(values)                     values the writer is done with (their buffers are reused)
         put(hashes, values) -> str | None   write each value (format.encode_value's [value_bytes] uint8) to
                                             its file: a temporary name, then a rename; None, or why a file
                                             was not written (the first failure: disk full, I/O error)
@@ -37,6 +41,7 @@ into one buffer must not overlap.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from collections import Counter
@@ -68,6 +73,8 @@ class DiskStore:
         self._last_error = ""
         self._lock = threading.Lock()
         self._buffers = threading.local()  # one aligned [file_bytes] write buffer per thread
+        self._files: dict[int, mmap.mmap] = {}  # new_value's buffers by the address of their value
+        self._free: list[torch.Tensor] = []  # released values, reused by new_value
         self._read_bufs = [aligned(0), aligned(0)]  # [batch, file_bytes] uint8 each, reused by the gets
         for name in os.listdir(self.directory):
             if name.endswith(TMP_SUFFIX):  # a write a crash interrupted
@@ -87,15 +94,31 @@ class DiskStore:
     def refused(self, block_hash: bytes) -> bool:
         return False
 
+    def new_value(self) -> torch.Tensor:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        buf = aligned(self.file_bytes)  # zeroed: the padding past the value stays zero
+        value = torch.frombuffer(buf, dtype=torch.uint8, count=self.namespace.value_bytes)
+        with self._lock:
+            self._files[value.data_ptr()] = buf
+        return value
+
+    def release(self, values: Sequence[torch.Tensor]) -> None:
+        with self._lock:
+            self._free.extend(v for v in values if v.data_ptr() in self._files)
+
     def put(self, hashes: Sequence[bytes], values: Sequence[torch.Tensor]) -> str | None:
         errors = [e for e in host_threads().map(self._write_one, hashes, values) if e]
         return errors[0] if errors else None
 
     def _write_one(self, block_hash: bytes, value: torch.Tensor) -> str | None:
-        buf = getattr(self._buffers, "buf", None)
+        buf = self._files.get(value.data_ptr())  # new_value's: written as it is
         if buf is None:
-            buf = self._buffers.buf = aligned(self.file_bytes)  # its padding stays zero
-        np.frombuffer(buf, dtype=np.uint8, count=value.numel())[:] = value.numpy()
+            buf = getattr(self._buffers, "buf", None)
+            if buf is None:
+                buf = self._buffers.buf = aligned(self.file_bytes)  # its padding stays zero
+            np.frombuffer(buf, dtype=np.uint8, count=value.numel())[:] = value.numpy()
         path = self.path(block_hash)
         try:
             write_file(path + TMP_SUFFIX, buf, self.direct)

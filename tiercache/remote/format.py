@@ -5,7 +5,8 @@ Provides:
     RemoteNamespace(model, codec_id, layout, rank, mac=None)   who may read a value: fields (model_name,
                                       salt: the LMCache key's cache_salt), value_bytes; mac: the RemoteSecret
                                       that signs and checks values (None: values carry no MAC)
-    encode_value(namespace, block_hash, checksum, payload, sign=True) -> [HEADER_BYTES + stride] uint8 tensor
+    encode_value(namespace, block_hash, checksum, payload, sign=True, out=None) -> the value: [HEADER_BYTES +
+                                      stride] uint8 (`out`, written in place, or a new tensor)
     sign_value(namespace, value)      write the MAC of an encode_value(…, sign=False) value (in place)
     parse_header(value, namespace, block_hash) -> (checksum, payload) | RemoteMiss
     parse_headers(values, namespace, hashes) -> list of the same   a batch: its MACs checked on up to
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from tiercache.kernels.checksum_host import MAX_THREADS, PARALLEL_BYTES, host_threads
@@ -118,9 +120,11 @@ def encode_value(
     checksum: tuple[int, int],
     payload: torch.Tensor,
     sign: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """payload: [dram_stride] uint8 (a DRAM row). Returns a new [value_bytes] uint8 tensor (CPU). With a MAC
-    key and sign=False the MAC is left zero, for sign_value to write later (off the caller's thread)."""
+    """payload: [dram_stride] uint8 (a DRAM row). Returns the value, a [value_bytes] uint8 CPU tensor: `out`
+    (written in place) or a new one. With a MAC key and sign=False the MAC is left zero, for sign_value to
+    write later (off the caller's thread)."""
     stride = namespace.layout.dram_stride
     if payload.dtype != torch.uint8 or payload.shape != (stride,):
         raise ValueError(f"payload must be uint8 [{stride}], got {payload.dtype} {list(payload.shape)}")
@@ -131,9 +135,15 @@ def encode_value(
     _FIXED.pack_into(header, 0, MAGIC, namespace.version, len(block_hash), len(codec), stride, *checksum)
     header[_HASH_AT : _HASH_AT + len(block_hash)] = block_hash
     header[_CODEC_AT : _CODEC_AT + len(codec)] = codec
-    value = torch.empty(namespace.value_bytes, dtype=torch.uint8)
-    value[:HEADER_BYTES] = torch.frombuffer(header, dtype=torch.uint8)
-    value[HEADER_BYTES:] = payload
+    value = torch.empty(namespace.value_bytes, dtype=torch.uint8) if out is None else out
+    if value.dtype != torch.uint8 or value.shape != (namespace.value_bytes,) or value.device.type != "cpu":
+        got = f"{value.dtype} {list(value.shape)} on {value.device}"
+        raise ValueError(f"out must be uint8 [{namespace.value_bytes}] on the CPU, got {got}")
+    # numpy's copy: one thread (torch's intra-op threads, on CPUs the engine's threads also use, took 4-6 ms
+    # for a 0.8 MB block instead of 0.1-0.4: benchmarks/RESULTS.md)
+    out_bytes = value.numpy()
+    out_bytes[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+    out_bytes[HEADER_BYTES:] = payload.cpu().numpy()
     if sign and namespace.mac is not None:
         sign_value(namespace, value)
     return value

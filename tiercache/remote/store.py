@@ -9,6 +9,9 @@ Provides:
                                             why not, per block; only for blocks exists() found; in calls of at
                                             most max_call_bytes of values each
         put(hashes, values) -> str | None   store values (encode_value's); None when stored, else why not
+        new_value() -> [value_bytes] uint8  a buffer for one value (the writer encodes into it)
+        release(values)                     values the writer is done with: dropped, never reused (a put that
+                                            timed out may still be read by the adapter later)
         refuse(hash, miss), refused(hash)   a value its reader refused: not fetched again for refuse_for
                                             seconds; a writer rewrites it even though its key exists
         up, reason, stats() -> dict[str, int | str], tier_name "remote"
@@ -90,6 +93,12 @@ class RemoteStore(StoreLoads):
             return RemoteAnswer((False,) * len(hashes), f"remote {found}")
         self._count(lookups=len(hashes), lookup_hits=sum(found))
         return RemoteAnswer(found)
+
+    def new_value(self) -> torch.Tensor:
+        return torch.empty(self.namespace.value_bytes, dtype=torch.uint8)
+
+    def release(self, values: Sequence[torch.Tensor]) -> None:
+        """Nothing is reused: an abandoned store task (connection.py) may still read its values."""
 
     def put(self, hashes: Sequence[bytes], values: Sequence[torch.Tensor]) -> str | None:
         with self._put_lock:

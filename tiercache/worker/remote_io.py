@@ -10,10 +10,12 @@ Provides:
                                          DRAM rows on the device, then one copy to the host (on a GPU this
                                          waits for the work queued before it: the cost of write: through)
     RemoteWriter(store, max_blocks, batch_blocks=32)
-        offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, copied now, so
-                                         its slot may be reused at once; its MAC, when the store's namespace
-                                         has a secret, is computed on the writer's thread); False: the queue
-                                         is full and the block is dropped (counted, logged once per burst)
+        offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, encoded now
+                                         into a buffer of the store's (new_value; back to it by release once
+                                         tried), so its slot may be reused at once; its MAC, when the store's
+                                         namespace has a secret, is computed on the writer's thread); False:
+                                         the queue is full and the block is dropped (counted, logged once
+                                         per burst)
         withdraw(hashes, remove)         these blocks must not stay written: queued ones are skipped (or
                                          removed again if being written now), then remove(hashes) runs (the
                                          disk tier deletes files the scheduler dropped: never one left behind
@@ -164,24 +166,36 @@ class RemoteWriter:
         self._thread.start()
 
     def offer(self, block_hash: bytes, row: torch.Tensor, checksum: tuple[int, int]) -> bool:
-        value = encode_value(self.store.namespace, block_hash, checksum, row.cpu(), sign=False)
+        if self._queue.full():  # dropped before any copy (the writer only takes, so put may still fit)
+            return self._drop()
+        value = self.store.new_value()
+        encode_value(self.store.namespace, block_hash, checksum, row.cpu(), sign=False, out=value)
         with self._lock:
             try:
                 self._queue.put_nowait((block_hash, value))
             except queue.Full:
-                self._stats["dropped_full"] += 1
-                if not self._dropping:
-                    self._dropping = True
-                    logger.warning(
-                        "tiercache: %s write queue full (%d blocks): dropping blocks until it drains",
-                        self.store.tier_name, self._queue.maxsize,
-                    )  # fmt: skip
+                pass
+            else:
+                self._dropping = False
+                self._pending += 1
+                self._queued[block_hash] += 1
+                self._stats["queued"] += 1
+                return True
+        self.store.release([value])
+        return self._drop()
+
+    def _drop(self) -> bool:
+        """A block dropped for a full queue: counted, logged once per burst."""
+        with self._lock:
+            self._stats["dropped_full"] += 1
+            if self._dropping:
                 return False
-            self._dropping = False
-            self._pending += 1
-            self._queued[block_hash] += 1
-            self._stats["queued"] += 1
-        return True
+            self._dropping = True
+        logger.warning(
+            "tiercache: %s write queue full (%d blocks): dropping blocks until it drains",
+            self.store.tier_name, self._queue.maxsize,
+        )  # fmt: skip
+        return False
 
     def withdraw(self, hashes: Sequence[bytes], remove) -> None:
         with self._lock:
@@ -257,7 +271,9 @@ class RemoteWriter:
         self._settle(batch, written=True)
 
     def _settle(self, batch: list[tuple[bytes, torch.Tensor]], written: bool) -> None:
-        """The batch was tried: no longer queued; written: its blocks withdrawn meanwhile are removed."""
+        """The batch was tried: no longer queued, its values released to the store; written: its blocks
+        withdrawn meanwhile are removed."""
+        self.store.release([value for _, value in batch])
         with self._lock:
             remove = [h for h, _ in batch if h in self._withdrawn] if written else []
         if remove:

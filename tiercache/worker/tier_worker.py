@@ -324,7 +324,9 @@ class TierWorker:
                 f"fill_dram: sums must be the rows' piece checksums {list(want)}, got {list(sums.shape)}"
             )
         self.tags.clear(DRAM, slots)
-        self.dram.buffer[torch.as_tensor(slots)] = rows
+        # numpy's copy: one thread; torch's intra-op threads, shared with the engine's, slow a host copy like
+        # this one by 10-50x on a busy CPU (benchmarks/RESULTS.md)
+        self.dram.buffer.numpy()[slots] = rows.numpy()
         if self.checksums is not None:
             self.checksums.record(DRAM, slots, sums)
         self.tags.set(DRAM, slots, (item.block_hash for item in items), self.codec_id)
