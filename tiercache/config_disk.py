@@ -2,7 +2,8 @@
 
 Provides:
     DiskConfig          path (a directory, ~ expanded), size (Size: bytes or tokens, per rank), write
-                        ("evicted" | "reused"), queue_blocks (the write-behind queue's bound)
+                        ("evicted" | "reused"), queue_blocks (the write-behind queue's bound; the host
+                        memory of that many blocks' files stays allocated once used, for reuse)
     disk_config(raw, source) -> DiskConfig | None     None when tiers.disk is left out or null
     DISK_KEYS, DISK_WRITES
 
