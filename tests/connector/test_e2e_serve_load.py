@@ -13,7 +13,8 @@ def test_serve_load_smoke_serves_vllms_load_in_primary_mode_with_the_connector(t
 
     out = tmp_path / "results.json"
     vllm_args = ["--block-size", "32", "--enforce-eager", "--max-num-seqs", "4"]
-    argv = ["--model-dir", str(tiny_model), "--configs", "tq4", "--connector", "--smoke", "--json", str(out)]
+    argv = ["--model-dir", str(tiny_model), "--configs", "tq4", "--connector", "--smoke", "--json", str(out),
+            "--profile-iterations", "3", "--profile-delay", "2"]  # fmt: skip
     results = serve_load.main([*argv, "--", *vllm_args])
     row = results["tq4"]
     assert isinstance(row, dict), row  # else the reason the server or the load failed
@@ -23,6 +24,7 @@ def test_serve_load_smoke_serves_vllms_load_in_primary_mode_with_the_connector(t
     moved = row["tiercache_moved"]
     assert moved.get("vllm:tiercache_stored_blocks_total", 0) > 0, moved  # the connector stored blocks
     assert moved.get("vllm:tiercache_lookup_misses_total", 0) == 6, moved  # one lookup per request
+    assert "Name" in row["profile"] and "CPU total" in row["profile"]  # vLLM's profiler table of 3 steps
     assert json.loads(out.read_text())["results"]["tq4"]["completed"] == 6
     assert serve_load.main(["--merge", str(out)])["tq4"] == row  # one table of several runs' files
 
