@@ -234,18 +234,13 @@ def _profile_table(directory: Path) -> str:
 
 
 def _bench_command(base: str, model: Path, args: argparse.Namespace) -> list[str]:
-    profile = ["--profile"] if args.profile_iterations else []
-    return [*_bench_args(base, model, args), *profile]
-
-
-def _bench_args(base: str, model: Path, args: argparse.Namespace) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks._bench_serve", "--backend", "vllm", "--base-url", base,
         "--model", str(model), "--tokenizer", str(model), *_dataset_flags(args),
         "--num-prompts", str(args.num_prompts),
         "--request-rate", str(args.request_rate), "--max-concurrency", str(args.concurrency),
         "--seed", "0", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl",
-        "--metric-percentiles", "50,99",
+        "--metric-percentiles", "50,99", *(["--profile"] if args.profile_iterations else []),
     ]  # fmt: skip
 
 

@@ -18,8 +18,9 @@ Bytes per token (per rank, all layers, K and V):
     TQ K{k}V{v}: layers × kv_heads × [(head_dim·k/8 + 4) + (head_dim·v/8 + 4)]   (packed indices + f32 norm)
 Tokens per tier = floor(tier bytes / bytes per token), before rounding down to whole blocks.
 Beside them: each format's measured ΔPPL (MEASURED_DPPL) and which kernel decodes it in primary mode on a GPU
-(the Gluon kernel at head_dim 128 and 64: every width 1–8 on Hopper and later, at 64 the even ones; K4V4,
-K8V4, K4V8 and K8V8 before Hopper; the generic Triton kernel otherwise, measured 2–35× slower per byte).
+(the Gluon kernel at head_dim 128 and 64: every width 1–8 on Hopper and later, at 64 odd widths where KV
+heads × bits is even; K4V4, K8V4, K4V8 and K8V8 before Hopper; the generic Triton kernel otherwise,
+measured 2–35× slower per byte: decode_lut.lut_takes_pages).
 Tier sizes (tiers.vram, tiers.dram) are per rank. Under tensor parallelism every rank holds its KV heads'
 share of the same tokens: a tier holds as many tokens as one rank's tier does, and its bytes over all ranks
 are the rank's × the rank count.

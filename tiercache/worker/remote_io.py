@@ -169,7 +169,7 @@ class RemoteWriter:
         if self._queue.full():  # dropped before any copy (the writer only takes, so put may still fit)
             return self._drop()
         value = self.store.new_value()
-        encode_value(self.store.namespace, block_hash, checksum, row.cpu(), sign=False, out=value)
+        encode_value(self.store.namespace, block_hash, checksum, row, sign=False, out=value)
         with self._lock:
             try:
                 self._queue.put_nowait((block_hash, value))
