@@ -1,5 +1,5 @@
 """Triton kernel: the decode's query rotation (the split kernels are _decode_perfield_kernel and, on GPUs,
-the Gluon _decode_lut_kernel; _decode_merge_kernel merges their partials).
+the Gluon _decode_lut_kernel; _decode_merge_kernel and _decode_merge_rows_kernel merge their partials).
 
 _rotate_query_kernel, grid (⌈B·Hq / BM⌉, D/DC): q·Πᵀ·scale·log2 e once per query head, BM query rows
 (any sequences and heads: the rotation is one matrix) and DC output columns per program (IEEE f32, or

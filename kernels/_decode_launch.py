@@ -13,7 +13,7 @@ from .launch_config import DecodeLaunchConfig
 
 if HAVE_TRITON:
     from ._decode_kernel import _rotate_query_kernel
-    from ._decode_merge_kernel import _decode_merge_kernel
+    from ._decode_merge_kernel import _decode_merge_kernel, _decode_merge_rows_kernel
 
 LOG2E = 1.4426950408889634
 _ROTATE_COLUMNS = 32  # output columns per query-rotation program (more programs for small batches)
@@ -52,18 +52,28 @@ def merge(
     workspace, splits: int, rot: torch.Tensor, out: torch.Tensor, config: DecodeLaunchConfig
 ) -> torch.Tensor:
     """Log-sum-exp merge of the first `splits` partials and the rotation back (rot: Π, or Π[perm, :] for
-    field-major partials)."""
+    field-major partials), config.merge_rows rows a program (each program reads Π once for its rows; None:
+    16 at ≥ 4 rows per SM, else 1)."""
     batch, num_q_heads, head_dim = out.shape
     pdl = use_pdl(out.device, config)
-    programs = batch * num_q_heads
-    preload = config.merge_preload
-    preload = programs <= num_sms(out.device) if preload is None else preload
-    _decode_merge_kernel[(programs,)](
-        workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1),
-        num_q_heads, splits, workspace.capacity, D=head_dim, SP=next_pow2(splits),
-        SC=min(64, next_pow2(splits)), JC=32, PDL=pdl, PRELOAD=preload, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
-    )  # fmt: skip
+    rows = batch * num_q_heads
+    block = config.merge_rows
+    if block is None:
+        block = 16 if rows >= 4 * num_sms(out.device) else 1
+    args = (workspace.partial_out, workspace.partial_lse, rot, out, out.stride(0), out.stride(1))
+    launch = {"PDL": pdl, "num_warps": 4, **({"launch_pdl": True} if pdl else {})}
+    if block == 1:
+        preload = config.merge_preload
+        preload = rows <= num_sms(out.device) if preload is None else preload
+        _decode_merge_kernel[(rows,)](
+            *args, num_q_heads, splits, workspace.capacity, D=head_dim, SP=next_pow2(splits),
+            SC=min(64, next_pow2(splits)), JC=32, PRELOAD=preload, **launch,
+        )  # fmt: skip
+    else:  # [block, chunk, D] partials a chunk in registers
+        _decode_merge_rows_kernel[(-(-rows // block),)](
+            *args, rows, num_q_heads, splits, workspace.capacity, D=head_dim, BM=block,
+            SC=min(64 // block, next_pow2(splits)), JC=32, **launch,
+        )  # fmt: skip
     return out
 
 

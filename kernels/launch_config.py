@@ -57,8 +57,13 @@ class DecodeLaunchConfig:
     """Programmatic dependent launch of the split and merge kernels where the device has it (Hopper+, not
     interpreted)."""
     merge_preload: bool | None = None
-    """The merge loads the rotation back whole first: True, False, or None: where it runs at most one
-    program per SM (each reads all of Π)."""
+    """The merge loads the rotation back whole first (at one row a program): True, False, or None: where it
+    runs at most one program per SM (each reads all of Π)."""
+    merge_rows: int | None = None
+    """Rows (sequence, query head) per merge program, 1 or 16, or None: 16 where there are at least 4 rows
+    per SM, else 1. Each program reads Π (64 KiB at head_dim 128) once for its rows: at 256 × 1K, 16 rows a
+    program take the decode from 233 to 177 µs on an H200; at 4 × 8K (128 rows, 8 programs) they cost
+    1.19× (benchmarks/RESULTS.md)."""
     lut_kernel: bool = True
     """The Gluon kernel (_decode_lut_kernel) where it applies (decode_lut.lut_mode_of)."""
     lut_min_work: int = 1 << 18
@@ -99,6 +104,7 @@ class DecodeLaunchConfig:
             _one_of(self, flag, (False, True))
         _integer(self, "maxnreg", 16, 255, optional=True)
         _one_of(self, "merge_preload", (None, False, True))
+        _one_of(self, "merge_rows", (None, 1, 16))
         _integer(self, "lut_min_work", 0)
         _power_of_two(self, "lut_warps", 2, 16)
         _one_of(self, "lut_tile", (16, 32, 64))

@@ -77,6 +77,9 @@ def test_decode_rejects_bad_gqa():
         {"lut": "none"},
         {"merge_preload": False},  # the merge loads the rotation back in column chunks
         {"merge_preload": True},  # ... whole, first
+        {"merge_rows": 16},  # 16 rows a merge program (the last one's rows partly past the end)
+        {"merge_rows": 16, "lut": "none"},
+        {"merge_rows": 1},
     ],
 )
 @pytest.mark.parametrize("k_bits,v_bits", [(2, 3), (8, 4), (4, 2), (7, 5)])

@@ -65,6 +65,7 @@ TRITON_CONFIGS = [  # the Triton kernel (the Gluon kernel has its own tests belo
     {"lut": "prmt", "rotate_in_split": True, "lut_kernel": False},
     {"lut": "gather", "tile": 32, "lut_kernel": False},
     {"lut": "none", "rotate_in_split": False, "lut_kernel": False},
+    {"lut": "prmt", "lut_kernel": False, "merge_rows": 16},  # 16 rows a merge program (tl.dot, tf32x3)
 ]
 LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shapes of its launch configuration
     {"lut_min_work": 0},
@@ -75,6 +76,8 @@ LUT_CONFIGS = [  # the Gluon kernel (at every size): the default, and other shap
     {"lut_min_work": 0, "lut_warps": 4, "lut_tile": 32, "lut_maxnreg": 168},
     {"lut_min_work": 0, "lut_tma": False},  # staging by cp.async (sm_80, and caches TMA cannot address)
     {"lut_min_work": 0, "lut_pdl_max_steps": 0},  # launched after the query rotation, not dependent on it
+    {"lut_min_work": 0, "merge_rows": 16},  # 16 rows a merge program
+    {"lut_min_work": 0, "merge_rows": 1},  # one row a merge program
     # 2 warps, one program per SM: many items per program (the combine's bytes reused between items), each
     # waiting for the query rotation (a no-op after the first)
     {

@@ -33,6 +33,8 @@ BAD = [
     (DecodeLaunchConfig, "pdl", "yes", "one of False, True"),
     (DecodeLaunchConfig, "maxnreg", 300, "None or an integer from 16 to 255"),
     (DecodeLaunchConfig, "merge_preload", 0, "one of None, False, True"),
+    (DecodeLaunchConfig, "merge_rows", 8, "one of None, 1, 16"),
+    (DecodeLaunchConfig, "merge_rows", True, "one of None, 1, 16"),
     (DecodeLaunchConfig, "lut_kernel", None, "one of False, True"),
     (DecodeLaunchConfig, "lut_min_work", -1, "an integer ≥ 0"),
     (DecodeLaunchConfig, "lut_warps", 6, "a power of two from 2 to 16"),
