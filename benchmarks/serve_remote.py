@@ -2,9 +2,10 @@ r"""A long prompt served from the remote tier against recomputing it, with real 
 the device): Llama-3.1-8B shapes with dummy weights, redis-server on loopback, each engine its own process.
 
 Device command: vLLM 0.26 staged first (../shared/gpu-vllm/README.md), then, on the same warm machine, one
-call with carry [".redis", ".whl"] and timeout_s 600. .redis (4.9 MiB, `.git/info/exclude`d): 13 Debian 12
-packages, redis-tools 7.0.15 (it holds redis-server) and every library it links except glibc and libstdc++,
-unpacked with dpkg -x and used through LD_LIBRARY_PATH by the server process only. .whl (16.9 MiB):
+call with carry [".redis", ".whl"] and timeout_s 600. .redis (4.9 MiB, `.git/info/exclude`d): 12 Debian 12
+packages, redis-tools 7.0.15 (its redis-check-rdb is the server, run under the name redis-server) and every
+library it links except glibc and libstdc++, unpacked with dpkg -x and used through LD_LIBRARY_PATH by the
+server process only. .whl (16.9 MiB):
 lmcache-0.5.6-cp312 manylinux_2_28 (its compiled parts link libtorch, which the device's torch provides); the
 rest of what LMCache imports is in the device image or the vLLM pack. With the tree (1.7 MiB): 23.5 MiB.
 

@@ -14,7 +14,8 @@ Provides:
                            the last SAVE: its snapshot is in workdir)
     RedisServer.unpacked(root, workdir)   the server of Debian packages unpacked with `dpkg -x DEB root`
                            (redis-tools and the libraries it needs; for machines where nothing can be
-                           installed): root/usr/bin/redis-server, its libraries found through
+                           installed): root/usr/bin/redis-server, or redis-tools' redis-check-rdb (the
+                           same binary, run under the name redis-server), its libraries found through
                            LD_LIBRARY_PATH set for the server process only
     require_remote()       fail loudly when redis-server or LMCache is missing
 """
@@ -45,9 +46,11 @@ class RedisServer:
     @classmethod
     def unpacked(cls, root: Path, workdir: Path) -> RedisServer:
         executable = root / "usr/bin/redis-server"
+        if not executable.exists():  # Debian's redis-server package only links redis-tools' one binary
+            executable = root / "usr/bin/redis-check-rdb"
         if not executable.exists():
             raise FileNotFoundError(
-                f"{executable} not found: unpack redis-tools and its libraries there first "
+                f"{root}/usr/bin/redis-check-rdb not found: unpack redis-tools and its libraries there first "
                 f"(for f in DIR/*.deb; do dpkg -x $f {root}; done)"
             )
         return cls(workdir, str(executable), os.pathsep.join(str(root / d) for d in _LIB_DIRS))
@@ -62,10 +65,10 @@ class RedisServer:
             env = {**os.environ, "LD_LIBRARY_PATH": self.library_path}
         log = self.workdir / "redis-server.log"
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [self.executable, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            self.proc = subprocess.Popen(  # argv[0] "redis-server": redis's one binary acts by its name
+                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
                  "--appendonly", "no", "--dir", str(self.workdir)],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
+                executable=self.executable, stdout=out, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
