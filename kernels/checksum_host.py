@@ -7,9 +7,6 @@ Provides:
                                                                        blocks (None: all)
     host_threads() -> ThreadPoolExecutor   the process's one pool of MAX_THREADS threads for host byte work
                                            that releases the GIL (these sums; the remote values' MACs)
-    host_workers(n) -> int                 how many of them work on n items: at most MAX_THREADS and the
-                                           cores this process may run on (its CPU affinity), not torch's
-                                           intra-op thread count (vLLM sets that to 1 in its GPU workers)
     PARALLEL_BYTES, MAX_THREADS            from how many bytes such work is split, over at most how many
 
 How: a section's words w[l, b, j] (j < W words of one piece of the section) sit at positions base + j + 1 of
@@ -18,12 +15,11 @@ their piece, so per (layer, block)
 with numpy's uint64 arithmetic (the weighted sum an einsum accumulating in uint64, without a product
 array), which wraps mod 2^64 as the definition does. The words are read in place (no copy) where the
 layout allows, and a batch of PARALLEL_BYTES or more is split by blocks over up to MAX_THREADS threads
-(host_workers), numpy releasing the GIL while it sums.
+(torch.get_num_threads() bounds them: the cores this process may use), numpy releasing the GIL while it sums.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,24 +44,12 @@ def piece_checksums_host(
         groups = [[t.index_select(1, idx) for t in group] for group in groups]
     n = groups[0][0].shape[1]
     nbytes = sum(t.numel() * t.element_size() for group in groups for t in group)
-    workers = host_workers(n)
+    workers = min(torch.get_num_threads(), MAX_THREADS, n)
     if nbytes < PARALLEL_BYTES or workers < 2:
         return _sums(groups)
     step = -(-n // workers)
     chunks = [[[t[:, i : i + step] for t in group] for group in groups] for i in range(0, n, step)]
     return torch.cat(list(host_threads().map(_sums, chunks)))
-
-
-def host_workers(n: int) -> int:
-    """Threads of host_threads() for n items of byte work: min(MAX_THREADS, usable cores, n)."""
-    return min(MAX_THREADS, usable_cores(), n)
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask), or os.cpu_count() where there is none."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def host_threads() -> ThreadPoolExecutor:

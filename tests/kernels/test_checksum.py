@@ -133,7 +133,7 @@ def test_host_path_split_over_threads_and_read_in_place(monkeypatch):
     from tiercache.worker.pools import SECTIONS, block_views
 
     monkeypatch.setattr(checksum_host, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(checksum_host, "usable_cores", lambda: 3)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     layout = BlockLayout(3, 16, 2, 36, 20)
     g = torch.Generator().manual_seed(7)
     values = torch.randint(0, 256, (7, 256 + layout.dram_stride), generator=g, dtype=torch.uint8)
@@ -236,16 +236,3 @@ def test_bad_sections_are_refused():
 def piece_numel(t: torch.Tensor) -> int:
     """Bytes of one block of a section, all layers."""
     return t.shape[0] * t[0, 0].numel() * t.element_size()
-
-
-def test_host_workers_follow_the_cores_not_torchs_thread_count(monkeypatch):
-    """vLLM sets torch's intra-op threads to 1 in its GPU workers: the host byte work (a remote fetch's
-    checksums, its MACs) still spreads over the cores the process may use, up to MAX_THREADS."""
-    from tiercache.kernels import checksum_host
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    monkeypatch.setattr(checksum_host, "usable_cores", lambda: 16)
-    assert checksum_host.host_workers(100) == checksum_host.MAX_THREADS
-    assert checksum_host.host_workers(3) == 3
-    monkeypatch.setattr(checksum_host, "usable_cores", lambda: 2)
-    assert checksum_host.host_workers(100) == 2

@@ -20,7 +20,6 @@ from remote_helpers import CODEC, LAYOUT, hashes, namespace, redis_key, rows, st
 from tiercache.config import TierCacheConfig
 from tiercache.config_remote import RemoteConfig
 from tiercache.errors import ConfigError
-from tiercache.kernels import checksum_host
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, HEADER_BYTES, VERSION, RemoteMiss, encode_value
 from tiercache.remote.secret import RemoteSecret
 from tiercache.worker.integrity import block_checksum, checksums_of
@@ -317,7 +316,7 @@ def test_macs_checked_on_threads_agree_with_one_by_one(monkeypatch):
     vals[5] = vals[5][:-1]
     one = [fmt.parse_header(v, ns, h) for v, h in zip(vals, keys, strict=True)]
     monkeypatch.setattr(fmt, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(checksum_host, "usable_cores", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     many = fmt.parse_headers(vals, ns, keys)
     assert [type(x) for x in many] == [type(x) for x in one]
     assert [x.kind for x in many if isinstance(x, RemoteMiss)] == [BAD_MAC, BAD_MAC, BAD_VALUE]

@@ -10,7 +10,7 @@ Provides:
     sign_value(namespace, value)      write the MAC of an encode_value(…, sign=False) value (in place)
     parse_header(value, namespace, block_hash) -> (checksum, payload) | RemoteMiss
     parse_headers(values, namespace, hashes) -> list of the same   a batch: its MACs checked on up to
-                                      host_workers threads of kernels.checksum_host.host_threads when it
+                                      MAX_THREADS threads of kernels.checksum_host.host_threads when it
                                       holds PARALLEL_BYTES or more (hashlib releases the GIL while it
                                       hashes)
     RemoteMiss(kind, reason)          why a block's value is not served; kinds: DOWN (no value: the store is
@@ -49,7 +49,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from tiercache.kernels.checksum_host import PARALLEL_BYTES, host_threads, host_workers
+from tiercache.kernels.checksum_host import MAX_THREADS, PARALLEL_BYTES, host_threads
 from tiercache.layout import BlockLayout
 from tiercache.remote.secret import RemoteSecret
 
@@ -160,7 +160,7 @@ def parse_headers(
     values: Sequence[torch.Tensor], namespace: RemoteNamespace, hashes: Sequence[bytes]
 ) -> list[tuple[tuple[int, int], torch.Tensor] | RemoteMiss]:
     """parse_header of each value (the MACs of a large batch computed on threads first)."""
-    workers = host_workers(len(values))
+    workers = min(torch.get_num_threads(), MAX_THREADS, len(values))
     macs: Sequence[bool | None] = [None] * len(values)
     if namespace.mac is not None and workers > 1 and sum(v.numel() for v in values) >= PARALLEL_BYTES:
         macs = list(host_threads().map(lambda v: _mac_ok(namespace, v), values))
