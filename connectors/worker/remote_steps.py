@@ -23,7 +23,10 @@ Provides:
                                             blocks whose value was refused (READ_EVENTS: bad_values,
                                             bad_macs, vanished; a refused value is told to the store, which
                                             then neither fetches it again for a while nor skips its rewrite)
-        stats() -> dict                     the writer's, the reads' and the store's counters
+        stats() -> dict                     the writer's, the reads' and the store's counters, and the
+                                            fetches' seconds by stage (fetch_s_exists, fetch_s_get,
+                                            fetch_s_check on the reader thread; fetch_s_fill on the
+                                            poller's) with the bytes of the values checked (fetch_bytes)
         close(timeout)                      wait for queued writes (at most timeout), then stop
 
 Order within a step (the worker keeps it): uploads, then fetches, then loads (once the fetch is in: the
@@ -37,6 +40,7 @@ eviction does), then only counted; a block's own line is at debug level. The sto
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +55,7 @@ from tiercache.worker.remote_io import (
     RemoteBlock,
     RemoteWriter,
     batches_of,
-    read_blocks,
+    check_values,
     rows_of,
     upload_rows,
 )
@@ -61,6 +65,7 @@ logger = logging.getLogger(__name__)
 WRITE_EVENTS = ("written", "already_stored", "dropped_full", "write_failures")
 READ_EVENTS = ("bad_values", "bad_macs", "vanished")  # blocks refused: value empty, of another size, wrong
 # header or checksum; MAC failed, missing or unexpected; key gone after the lookup
+FETCH_STAGES = ("exists", "get", "check", "fill")  # a fetch's stages, timed (stats: fetch_s_<stage>)
 _EVENT_OF = {BAD_VALUE: "bad_values", BAD_MAC: "bad_macs", VANISHED: "vanished"}
 
 
@@ -75,6 +80,8 @@ class RemoteSteps:
         self._reported = dict.fromkeys(WRITE_EVENTS + READ_EVENTS, 0)  # totals at the last take_counts
         self._refused = dict.fromkeys(READ_EVENTS, 0)  # blocks whose value was refused, by event
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
+        self.fetch_seconds = dict.fromkeys(FETCH_STAGES, 0.0)  # each stage written by one thread only
+        self.fetch_bytes = 0
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
         queued = 0
@@ -100,8 +107,20 @@ class RemoteSteps:
     def _read(self, items: Sequence[RemoteItem], buffer: int):
         """On the reader thread: (the blocks the store does not hold, with why; the items of those it holds;
         their checked values: RemoteBlock or RemoteMiss each). buffer: the store's read buffer (disk)."""
+        start = time.perf_counter()
         missing, todo = self._held(items)
-        return missing, todo, read_blocks(self.store, [item.block_hash for item in todo]) if todo else []
+        held = time.perf_counter()
+        self.fetch_seconds["exists"] += held - start
+        if not todo:
+            return missing, todo, []
+        hashes = [item.block_hash for item in todo]
+        values, misses = self.store.get(hashes)
+        got = time.perf_counter()
+        self.fetch_seconds["get"] += got - held
+        self.fetch_bytes += sum(v.numel() for v in values if v is not None)
+        checked = check_values(self.store, hashes, values, misses)
+        self.fetch_seconds["check"] += time.perf_counter() - got
+        return missing, todo, checked
 
     def _held(self, items: Sequence[RemoteItem]) -> tuple[dict[bytes, str], list[RemoteItem]]:
         """(the blocks the store does not hold, with why; the items of those it holds): one existence call."""
@@ -119,6 +138,7 @@ class RemoteSteps:
     def _fill(self, todo: Sequence[RemoteItem], got: Sequence[RemoteBlock | RemoteMiss]) -> dict[bytes, str]:
         """got: the checked values of todo's blocks (read_blocks). The verified ones written into their DRAM
         slots; the others, with why (each refusal counted)."""
+        start = time.perf_counter()
         tier = self.store.tier_name
         failed: dict[bytes, str] = {}
         good = [
@@ -134,6 +154,7 @@ class RemoteSteps:
             sums = torch.stack([block.pieces for block in blocks[run.start : run.stop]])  # [n, 2, L, 2]
             self.tiers.fill_dram([item for item, _ in good[run.start : run.stop]], rows, sums)
         _log_missed(failed)
+        self.fetch_seconds["fill"] += time.perf_counter() - start
         return failed
 
     def _refusal(self, block_hash: bytes, miss: RemoteMiss) -> None:
@@ -163,7 +184,11 @@ class RemoteSteps:
 
     def stats(self) -> dict[str, int | str]:
         store = {f"store_{k}": v for k, v in self.store.stats().items()}
-        return {**self.writer.stats(), **self._refused, **store, "not_uploaded": self.not_uploaded}
+        fetch = {f"fetch_s_{stage}": s for stage, s in self.fetch_seconds.items()}
+        return {
+            **self.writer.stats(), **self._refused, **store, "not_uploaded": self.not_uploaded, **fetch,
+            "fetch_bytes": self.fetch_bytes,
+        }  # fmt: skip
 
     def close(self, timeout: float = 10.0) -> None:
         if not self.writer.flush(timeout):

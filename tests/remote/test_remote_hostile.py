@@ -168,7 +168,10 @@ def test_remote_steps_count_refusals_and_warn_once_per_kind(redis_server, caplog
         refused = [w for w in warnings if "refused" in w]
         assert len(refused) == 1 and "remote_bad_values" in refused[0], warnings
         assert not any("down" in w for w in warnings), warnings
-        assert steps.store.up and steps.stats()["bad_values"] == 3
+        stats = steps.stats()
+        assert steps.store.up and stats["bad_values"] == 3
+        assert stats["fetch_bytes"] >= 5 * ns.value_bytes  # the five intact values, and what the others held
+        assert all(stats[f"fetch_s_{stage}"] > 0 for stage in ("exists", "get", "check", "fill")), stats
     finally:
         steps.close(timeout=5)
 
