@@ -3,24 +3,38 @@
     python benchmarks/disk_tier.py [--dir DIR] [--blocks 1024] [--repeat 3] [--buffered]
 
 Blocks at Llama-3.1-8B shapes per rank (32 layers, 8 KV heads, head_dim 128, 16-token blocks, k8v4 bytes:
-tiercache.layout.BlockLayout), one file each, through the worker's disk steps (connectors/worker/
-disk_steps.DiskSteps) on a CPU TierWorker whose DRAM pool holds them all. Measured, in this order:
-    disk write / read     one file of the same total size, written and read sequentially in 8 MiB
-                          requests, with direct I/O where the file system allows it (else buffered; the read
-                          then may come from the page cache, and says so)
-    upload (step thread)  DiskSteps.upload of every DRAM slot alone: what the engine's step pays (rows read
-                          out of their slots and encoded into values, queued for the writer)
-    tier write            DiskSteps.upload of every DRAM slot, then until the write-behind queue is empty:
-                          rows copied and encoded, files written by the writer thread (several in flight
-                          on the host thread pool)
-    tier write (files)    DiskStore.put of encoded values (the writer thread's call alone: no copies from
-                          DRAM, no encoding), READ_BATCH_BYTES of files a call
-    tier read (raw)       DiskStore.get, READ_BATCH_BYTES of files a call (files into the read buffer)
-    tier read (into DRAM) DiskSteps.fetch of every block: read, header and checksum verified (the next batch
-                          read meanwhile), copied into its DRAM slot, tagged
-Each round runs every measure once on an emptied directory (the previous round's files removed, synced and
-settled); the table, last, shows each measure's median over the rounds in GB/s, and each tier figure as a
-share of the disk's own.
+tiercache.layout.BlockLayout), through the worker's disk steps (connectors/worker/disk_steps.DiskSteps) on a
+CPU TierWorker whose DRAM pool holds them all. Each round, in this order:
+    disk write            a new file of the same total size written sequentially, then fsync: the disk's
+                          rate into space not yet written (as an empty tier's)
+    disk overwrite        that file written over again, then fsync: the disk's rate into space already
+                          written (as a full tier's, whose freed slots are written over)
+    disk read             that file read once, sequentially
+                          Each of the three the fastest of SHAPES: 8 MiB requests one at a time, 16 MiB four
+                          in flight (the tier's own: DiskStore.RUN_BYTES calls, several at once), 32 MiB four
+                          in flight; a file each. This box's virtual disk read at 1.3-3.9 GB/s from minute to
+                          minute, and at times at twice the rate with 16 MiB requests as with 8 MiB: one 8 MiB
+                          request at a time (this benchmark's baseline until 2026-11-29) was not the disk's
+                          own rate
+    upload (step thread)  DiskSteps.upload of every DRAM slot into an empty tier: what the engine's step pays
+                          (rows read out of their slots and encoded into values, queued for the writer)
+    tier write            the same upload, then until the write-behind queue is empty: every block into an
+                          empty tier's slots (compared with disk write)
+    tier read (raw)       DiskStore.get, READ_BATCH_BYTES of blocks a call (slots into the read buffer)
+    tier rewrite          every block dropped, then as many other blocks uploaded and written: into the
+                          freed slots (compared with disk overwrite)
+    tier read (into DRAM) DiskSteps.fetch of the rewritten blocks (read once, as the disk's file is): read,
+                          header and checksum verified (the next batch read meanwhile), copied into its DRAM
+                          slot, tagged
+    tier write (put)      DiskStore.put into another empty tier of values encoded beforehand into the store's
+                          own buffers (new_value, as the writer does: the writer thread's call alone, no
+                          copies from DRAM, no encoding), READ_BATCH_BYTES of blocks a call
+Each round starts with empty directories (the previous round's removed, synced and settled). Every write
+measure ends with fsync of what it wrote, the disk's and the tier's alike. With --buffered the page cache is
+dropped (fsync, then POSIX_FADV_DONTNEED) before each read, so reads come from the disk.
+The table, last, shows each measure's GB/s (median and range over the rounds), and each tier measure as a
+share of the disk's own figure named beside it, measured in the same round (median and range of the rounds'
+shares: the disk's rate moves from minute to minute on a shared machine).
 """
 
 from __future__ import annotations
@@ -32,14 +46,17 @@ import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from tiercache.codecs import KVCodecSpec
 from tiercache.config_disk import DiskConfig
 from tiercache.connectors.worker.disk_steps import READ_BATCH_BYTES, DiskSteps
-from tiercache.disk.direct import aligned
+from tiercache.disk.buffers import ReadBuffer
+from tiercache.disk.direct import aligned, open_data, read_at, write_at
 from tiercache.disk.files import file_bytes
+from tiercache.disk.index import HEAD_BYTES, RECORD_BYTES
 from tiercache.disk.store import DiskStore
 from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace, encode_value
@@ -49,33 +66,79 @@ from tiercache.worker.integrity import block_checksum, checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.tier_worker import TierWorker
 
-CHUNK = 8 << 20
+SHAPES = [(8 << 20, 1), (16 << 20, 4), (32 << 20, 4)]  # (request bytes, requests in flight)
+SETTLE_S = 2.0
+MEASURES = {  # measure → the disk's own figure it is compared with
+    "disk write": "disk write",
+    "disk overwrite": "disk overwrite",
+    "disk read": "disk read",
+    "upload (step thread)": "disk write",
+    "tier write": "disk write",
+    "tier rewrite": "disk overwrite",
+    "tier write (put)": "disk write",
+    "tier read (raw)": "disk read",
+    "tier read (into DRAM)": "disk read",
+}
 
 
-def sequential(directory: str, nbytes: int, direct: bool) -> tuple[float, float]:
-    """(write seconds, read seconds) of one file of nbytes (rounded up to CHUNK), in CHUNK requests; the
-    write ends with an fsync (with direct I/O: the file's metadata). The file stays (the round removes it)."""
-    path = os.path.join(directory, "sequential.bin")
-    buf = aligned(CHUNK)
-    buf.write(os.urandom(CHUNK))
-    chunks = -(-nbytes // CHUNK)
-    flags = os.O_DIRECT if direct else 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
-    start = time.perf_counter()
-    for i in range(chunks):
-        os.pwrite(fd, buf, i * CHUNK)
-    os.fsync(fd)
-    write_s = time.perf_counter() - start
-    os.close(fd)
-    fd = os.open(path, os.O_RDONLY | flags)
+def sequential(directory: str, nbytes: int, direct: bool, seconds: dict[str, list[float]]) -> None:
+    """disk write, disk overwrite and disk read of nbytes, each the fastest of SHAPES; each shape a file of
+    its own, written, written over, then read once (as the tier reads what it wrote once). Seconds appended to
+    `seconds`; the files are removed at the end."""
+    largest = max(size * depth for size, depth in SHAPES)
+    buf = aligned(largest)
+    buf.write(os.urandom(1 << 20) * (largest >> 20))
+    paths = [os.path.join(directory, f"sequential{k}.bin") for k in range(len(SHAPES))]
+    times: dict[str, list[float]] = {"disk write": [], "disk overwrite": [], "disk read": []}
+    try:
+        for path, shape in zip(paths, SHAPES, strict=True):
+            fd = open_data(path, direct)
+            try:
+                times["disk write"].append(_pass(fd, buf, *shape, nbytes, write=True))
+                times["disk overwrite"].append(_pass(fd, buf, *shape, nbytes, write=True))
+                drop_cache([path])
+                times["disk read"].append(_pass(fd, buf, *shape, nbytes, write=False))
+            finally:
+                os.close(fd)
+    finally:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    for name, found in times.items():
+        seconds[name].append(min(found))
+
+
+def _pass(fd: int, buf, size: int, depth: int, nbytes: int, write: bool) -> float:
+    """Seconds for nbytes of the file, in requests of `size` bytes (the last one whole), `depth` in flight;
+    a write ends with fsync."""
+    chunks = -(-nbytes // size)
     view = memoryview(buf)
+
+    def one(t: int) -> None:
+        part = view[t * size : (t + 1) * size]
+        for i in range(t, chunks, depth):
+            if write:
+                write_at(fd, [part], i * size)
+            else:
+                read_at(fd, part, i * size)
+
     start = time.perf_counter()
-    for i in range(chunks):
-        os.preadv(fd, [view], i * CHUNK)
-    read_s = time.perf_counter() - start
-    os.close(fd)
-    scale = nbytes / (chunks * CHUNK)  # seconds for nbytes
-    return write_s * scale, read_s * scale
+    with ThreadPoolExecutor(depth) as pool:
+        list(pool.map(one, range(depth)))
+    if write:
+        os.fsync(fd)
+    return (time.perf_counter() - start) * nbytes / (chunks * size)
+
+
+def drop_cache(paths: list[str]) -> None:
+    """Written back and dropped from the page cache (no effect on what direct I/O wrote: it is not cached)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def main() -> None:
@@ -98,77 +161,110 @@ def run(root: str, args) -> None:
     namespace = RemoteNamespace("meta-llama/Llama-3.1-8B", "k8v4-bench", layout)
     n = args.blocks
     tiers = TierWorker.create(layout, 1, n, namespace.codec_id, device="cpu")
-    hashes = [i.to_bytes(8, "little") * 2 for i in range(n)]
-    items = [RemoteItem(h, i) for i, h in enumerate(hashes)]  # block i in DRAM slot i
+    sets = [[(s * n + i).to_bytes(8, "little") * 2 for i in range(n)] for s in range(2)]  # two sets of blocks
     rows = torch.randint(
         0, 256, (n, layout.dram_stride), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
-    tiers.fill_dram(items, rows, checksums_of(block_views(rows, layout)))
-    config = DiskConfig(root, Size(bytes=2 * n * file_bytes(layout)), queue_blocks=n)
-    steps = DiskSteps(config, namespace, tiers)
-    store = steps.store
-    if args.buffered:
-        store.direct, store.direct_refusal = False, "--buffered"
-    how = "direct" if store.direct else f"buffered ({store.direct_refusal})"
-    total = n * store.file_bytes
-    print(f"directory {store.directory}: {how} I/O")
-    print(f"{n} blocks of {layout.block_bytes:,} bytes (files of {store.file_bytes:,}): "
-          f"{total / 1e9:.3f} GB; {args.repeat} rounds, each measure's median")  # fmt: skip
-    per = max(1, READ_BATCH_BYTES // store.file_bytes)
-    sums = block_checksum(checksums_of(block_views(rows, layout)), layout).tolist()
-    values = [encode_value(namespace, h, (a, b), r) for h, r, (a, b) in zip(hashes, rows, sums, strict=True)]
+    sums = checksums_of(block_views(rows, layout))
+    pairs = block_checksum(sums, layout).tolist()
+    size = Size(bytes=HEAD_BYTES + n * (file_bytes(layout) + RECORD_BYTES))  # n slots: a rewrite reuses them
+    direct = False if args.buffered else None
+    total = n * file_bytes(layout)
+    per = max(1, READ_BATCH_BYTES // file_bytes(layout))
     seconds: dict[str, list[float]] = {name: [] for name in MEASURES}
-    for _ in range(args.repeat):  # interleaved, so that a slower moment of a shared disk hits every measure
-        disk_w, disk_r = sequential(store.directory, total, store.direct)
-        seconds["disk write (1 file)"].append(disk_w)
-        seconds["disk read (1 file)"].append(disk_r)
+    how = ""
+    for r in range(args.repeat):  # interleaved, so that a slower moment of a shared disk hits every measure
+        config = DiskConfig(os.path.join(root, f"round{r}"), size, queue_blocks=n)
+        os.makedirs(config.path)
+        items = [RemoteItem(h, i) for i, h in enumerate(sets[0])]  # block i in DRAM slot i
+        tiers.fill_dram(items, rows, sums)
+        steps = DiskSteps(config, namespace, tiers, direct)
+        store = steps.store
+        how = "direct" if store.direct else f"buffered ({store.direct_refusal})"
+        sequential(store.directory, total, store.direct, seconds)
         start = time.perf_counter()
         assert steps.upload(items) == n
         seconds["upload (step thread)"].append(time.perf_counter() - start)
         assert steps.writer.flush(600)
+        sync_segments(store)
         seconds["tier write"].append(time.perf_counter() - start)
+        drop_segments(store)
+        buffer = ReadBuffer()
+        buffer.take(per * file_bytes(layout))  # allocated before, as DiskSteps' are at start
         start = time.perf_counter()
         for k in range(0, n, per):
-            assert not any(store.get(hashes[k : k + per])[1])
+            assert not any(store.get(sets[0][k : k + per], buffer)[1])
         seconds["tier read (raw)"].append(time.perf_counter() - start)
+        steps.drop(sets[0])
+        others = [RemoteItem(h, i) for i, h in enumerate(sets[1])]
+        tiers.fill_dram(others, rows, sums)
+        settle()
         start = time.perf_counter()
-        assert steps.fetch(items) == {}
+        assert steps.upload(others) == n and steps.writer.flush(600)
+        sync_segments(store)
+        seconds["tier rewrite"].append(time.perf_counter() - start)
+        assert store.stats()["held"] == n and steps.writer.stats().get("write_failures", 0) == 0
+        tiers.dram.buffer[:n] = 0  # read back over zeros: the check below sees what the fetch wrote
+        drop_segments(store)
+        start = time.perf_counter()
+        assert steps.fetch(others) == {}
         seconds["tier read (into DRAM)"].append(time.perf_counter() - start)
-        settle(store, hashes)
+        assert torch.equal(tiers.dram.buffer[:n], rows)
+        steps.close()
+        settle()
+        store = DiskStore(os.path.join(root, f"put{r}"), namespace, n, direct)
+        values = [store.new_value() for _ in range(n)]  # as the writer encodes them: put copies nothing
+        for h, row, pair, value in zip(sets[0], rows, pairs, values, strict=True):
+            encode_value(namespace, h, (pair[0], pair[1]), row, out=value)
         start = time.perf_counter()
         for k in range(0, n, per):
-            assert store.put(hashes[k : k + per], values[k : k + per]) is None
-        seconds["tier write (files)"].append(time.perf_counter() - start)
-        settle(store, hashes)
-    assert steps.writer.stats().get("write_failures", 0) == 0 and torch.equal(tiers.dram.buffer[:n], rows)
-    steps.close()
-    gbps = {name: total / statistics.median(s) / 1e9 for name, s in seconds.items()}
-    cached = "" if store.direct else "  (buffered: reads may come from the page cache)"
-    print(f"\n{'measure':<22}{'GB/s':>8}{'of disk':>10}{cached}")
+            assert store.put(sets[0][k : k + per], values[k : k + per]) is None
+        sync_segments(store)
+        seconds["tier write (put)"].append(time.perf_counter() - start)
+        store.close()
+        shutil.rmtree(config.path)
+        shutil.rmtree(os.path.join(root, f"put{r}"))
+        settle()
+    print(f"{n} blocks of {layout.block_bytes:,} bytes (slots of {file_bytes(layout):,}): "
+          f"{total / 1e9:.3f} GB; {how} I/O; {args.repeat} rounds")  # fmt: skip
+    report(seconds, total)
+
+
+def report(seconds: dict[str, list[float]], total: int) -> None:
+    """Per measure: GB/s (median over the rounds, and range); a tier measure's share of the disk's own figure
+    in the same round (median and range over the rounds)."""
+    print(f"\n{'measure':<22}{'GB/s':>7}{'range':>12}{'of disk':>9}{'range':>11}  against (same round)")
     for name, against in MEASURES.items():
-        print(f"{name:<22}{gbps[name]:>8.2f}{100 * gbps[name] / gbps[against]:>9.0f}%")
+        gbps = [total / s / 1e9 for s in seconds[name]]
+        line = f"{name:<22}{statistics.median(gbps):>7.2f}{f'{min(gbps):.2f}-{max(gbps):.2f}':>12}"
+        if name != against:
+            shares = [100 * d / s for d, s in zip(seconds[against], seconds[name], strict=True)]
+            spread = f"{min(shares):.0f}-{max(shares):.0f}%"
+            line += f"{statistics.median(shares):>8.0f}%{spread:>11}  {against}"
+        print(line)
 
 
-def settle(store: DiskStore, hashes: list[bytes]) -> None:
-    """Remove the round's files and let the file system finish with them (a file system mounted with
-    `discard` trims freed blocks after the journal commits, which slows the I/O that follows)."""
-    store.remove(hashes)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(store.directory, "sequential.bin"))
+def sync_segments(store: DiskStore) -> None:
+    """What the tier wrote on the disk, as the disk's own write figures end with fsync (with direct I/O: its
+    metadata; buffered: the data too)."""
+    for entry in os.scandir(store.directory):
+        if entry.name.endswith(".dat"):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def drop_segments(store: DiskStore) -> None:
+    drop_cache([e.path for e in os.scandir(store.directory) if e.name.endswith(".dat")])
+
+
+def settle() -> None:
+    """Let the file system finish with what the round wrote and removed (a file system mounted with `discard`
+    trims freed blocks after the journal commits, which slows the I/O that follows)."""
     os.sync()
     time.sleep(SETTLE_S)
-
-
-SETTLE_S = 2.0
-MEASURES = {  # measure → the disk's own figure it is compared with
-    "disk write (1 file)": "disk write (1 file)",
-    "disk read (1 file)": "disk read (1 file)",
-    "upload (step thread)": "disk write (1 file)",
-    "tier write": "disk write (1 file)",
-    "tier write (files)": "disk write (1 file)",
-    "tier read (raw)": "disk read (1 file)",
-    "tier read (into DRAM)": "disk read (1 file)",
-}
 
 
 if __name__ == "__main__":

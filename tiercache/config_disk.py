@@ -3,7 +3,8 @@
 Provides:
     DiskConfig          path (a directory, ~ expanded), size (Size: bytes or tokens, per rank), write
                         ("evicted" | "reused"), queue_blocks (the write-behind queue's bound; the host
-                        memory of that many blocks' files stays allocated once used, for reuse)
+                        memory of that many blocks' values, and of a batch, is allocated at start and
+                        reused)
     disk_config(raw, source) -> DiskConfig | None     None when tiers.disk is left out or null
     DISK_KEYS, DISK_WRITES
 
@@ -18,7 +19,9 @@ Shape:
 The path is checked here: an existing path must be a writable directory; a missing one needs a writable
 directory above it (it is created when the engine starts). A size larger than the file system that holds the
 path is refused with both numbers. A size that holds no whole block is refused where the layout is known
-(tiercache.disk.files.disk_blocks), naming the minimum.
+(tiercache.disk.files.disk_slots), naming the minimum. The size counts each block's slot in the segment files
+and its 128-byte index record (plus the index's 4 KiB head); once filled, the files keep that space (freed
+slots are written over), and a smaller size at the next start cuts them down to it.
 
 One engine per path: the files of one model, codec and layout are one engine's (its size limit, its deletes);
 engines that share blocks do so through tiers.remote, each with a disk path of its own.
@@ -43,7 +46,7 @@ _EXAMPLE = "{path: /nvme/tiercache, size: 500GiB}"
 @dataclass(frozen=True)
 class DiskConfig:
     path: str  # the tier's directory (absolute, ~ expanded); per-namespace subdirectories below it
-    size: Size  # per rank: the files of this model, codec and layout never exceed it
+    size: Size  # per rank: the segment files and index of this model, codec and layout never exceed it
     write: str = "evicted"  # DISK_WRITES
     queue_blocks: int = 256  # blocks waiting for the disk before further writes are dropped
 

@@ -46,7 +46,7 @@ VRAM = "vram"
 DRAM = "dram"
 TIERS = (VRAM, DRAM)  # fastest first: the local tiers, with slots
 REMOTE = "remote"  # the store shared by engines below DRAM (RemoteItem; no slots, never a job's tier)
-DISK = "disk"  # local block files below DRAM, above the remote store (RemoteItem; no slots, never a job's)
+DISK = "disk"  # local disk below DRAM, above the remote store (RemoteItem; never a job's tier)
 T = TypeVar("T")
 
 

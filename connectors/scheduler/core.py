@@ -9,8 +9,8 @@ Provides:
         (InspectionState), inspection_service, stats (StatsTap), events (recent TierEvents), counters
         _loads, _fetches, _disk_reads       queued by admission for the next plan (fetches and disk reads go
                                             before loads)
-    The disk tier's index (the manager's) is rebuilt at start from the block files of rank 0's directory
-    (tiercache.disk.files.scan: names only; each file's header and checksum are checked when it is read).
+    The disk tier's index (the manager's) is rebuilt at start from rank 0's directory index
+    (tiercache.disk.files.scan: the slots' records; each slot's header and checksum are checked when read).
         _load_requests                      the requests those loads are for (vLLM waits for each)
         _in_flight {step: StepRecord}       steps sent to the workers and not yet reported
         _step_reports                       per step: [ranks reported, stores ok, loads ok, why]

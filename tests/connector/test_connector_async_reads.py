@@ -2,7 +2,7 @@
 tier's reader thread and returns; its loads wait while later steps start and end; the request is reported
 received (take_finished, vLLM's get_finished) in the step in which the read came in, with its block then
 decoded into vLLM's cache, and the plan's StepResult follows. The disk store is real (files in a temporary
-directory); the reader thread is held busy by a task of the test until it lets it go, which is what a slow
+directory); the reader threads are held busy by tasks of the test until it lets them go, which is what a slow
 disk or a silent store looks like from the worker."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from tiercache.config import TierCacheConfig
 from tiercache.connectors.common import Geometry
 from tiercache.connectors.worker import ConnectorWorker
+from tiercache.connectors.worker.disk_steps import READERS
 from tiercache.wire import DRAM, LoadItem, RemoteItem, StepPlan, StoreItem
 
 LAYERS, HEADS, HEAD_DIM, BS, NB = 2, 2, 64, 16, 8
@@ -44,6 +45,14 @@ def run_step(worker: ConnectorWorker, plan: StepPlan) -> set[str]:
     return worker.take_finished(plan)
 
 
+def hold_readers(worker: ConnectorWorker, gate: threading.Event) -> None:
+    """Every disk reader thread busy until the gate opens."""
+    started = threading.Barrier(READERS + 1)
+    for _ in range(READERS):
+        worker.disk._reader.submit(lambda: (started.wait(10.0), gate.wait(30.0)))
+    started.wait(10.0)
+
+
 def step_results(worker: ConnectorWorker) -> dict[int, tuple[bool, ...]]:
     report = worker.take_report()
     return {} if report is None else {r.step: r.loads_ok for r in report.steps}
@@ -59,7 +68,7 @@ def test_a_plan_reading_from_disk_lets_later_steps_run_and_loads_when_the_read_i
         step_results(worker)
 
         gate = threading.Event()
-        worker.disk._reader.submit(gate.wait, 30.0)  # the reader thread is busy until the gate opens
+        hold_readers(worker, gate)
         read = StepPlan(2, loads=(LoadItem(BLOCK, DRAM, 2, TARGET),), disk_reads=(RemoteItem(BLOCK, 2),),
                         load_requests=("r",))  # fmt: skip
         started = time.perf_counter()
@@ -108,7 +117,7 @@ def test_a_read_of_a_missing_file_is_a_load_error_reported_with_its_request(tmp_
 def test_shutdown_with_a_read_in_flight_reports_its_loads_failed(tmp_path):
     worker, _ = disk_worker(tmp_path)
     gate = threading.Event()
-    worker.disk._reader.submit(gate.wait, 30.0)
+    hold_readers(worker, gate)
     read = StepPlan(0, loads=(LoadItem(BLOCK, DRAM, 2, TARGET),), disk_reads=(RemoteItem(BLOCK, 2),),
                     load_requests=("r",))  # fmt: skip
     assert run_step(worker, read) == set()

@@ -4,29 +4,34 @@ other, each with 8-block VRAM and DRAM tiers.
 Engine 1 (lossless) computes the first prompt of three pairs, then filler prompts that push those blocks out
 of VRAM and DRAM onto disk; the second prompt of the first pair then shares five blocks with the first:
     evicted     they are read from disk; greedy tokens equal the reference's; explain_request names the disk
-Between the engines, the files of the second pair get a flipped payload byte and those of the third pair
-are truncated. Engine 2 starts on the same directory:
+Between the engines, the slots of the second pair get a flipped payload byte and those of the third pair
+are torn: their second half zeroed, as a write cut short leaves a slot (the three pairs' slots interleave in
+the segment file, so a cut of the file cannot hit the third pair alone: a segment file cut short is
+tests/tiers/test_disk_store.py's and test_disk_format.py's). Engine 2 starts on the same directory:
     restart     the first pair's blocks are found again and served from disk (the reference's tokens)
-    corrupted   a checksum miss: a refused load, recomputed (the reference's tokens), the file removed
-    truncated   a file of the wrong size: a miss, recomputed (the reference's tokens)
+    corrupted   a checksum miss: a refused load, recomputed (the reference's tokens), the slot freed
+    torn        a checksum miss too: recomputed (the reference's tokens), nothing of them served
 Engine 3 (k8v4, another codec) shares the directory with a disk size of two blocks, below one batch of
 blocks dropped from DRAM:
-    other codec none of engine 1's files is read
-    full disk   its files never exceed two; the prompt whose blocks left DRAM is recomputed (the
-                reference's tokens) and the engine keeps serving
+    other codec none of engine 1's blocks is read, its files are untouched
+    full disk   it never holds more than two blocks, in segment files of at most two slots; the prompt
+                whose blocks left DRAM is recomputed (the reference's tokens) and the engine keeps serving
 Engine 4 runs the engine core and the worker in processes of their own (the plans and reports cross a
 process boundary), in a directory of its own: a prompt evicted from DRAM is served from disk.
 """
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers import BLOCK, SHARED, connector_config, engine, generate, scheduler_side, tokens, worker_side
 from tiny_llama import words_prompt
+
+from tiercache.disk.index import INDEX_NAME, read_index
+from tiercache.disk.segments import segment_name
 
 PREFIX_BLOCKS = 5
 TIER = f"{8 * BLOCK} tokens"
@@ -40,9 +45,38 @@ def disk_config(codec: str, path: Path, size: str) -> dict:
     return cfg
 
 
-def files_of(directory: Path) -> dict[bytes, Path]:
-    """Block hash → file, over every namespace directory below `directory`."""
-    return {bytes.fromhex(p.name[: -len(".blk")]): p for p in directory.rglob("*.blk")}
+@dataclass(frozen=True)
+class Slot:
+    segment: Path  # the segment file holding the block
+    offset: int  # of its slot in that file
+    size: int  # slot bytes
+
+
+def namespaces(root: Path) -> list[Path]:
+    """The namespace directories below root (model, codec and layout; rank): each has its own index."""
+    return sorted(index.parent for index in root.rglob(INDEX_NAME))
+
+
+def files_of(directory: Path) -> dict[bytes, Slot]:
+    """Block hash → its slot, as the index of the namespace directory `directory` names them."""
+    found = read_index(str(directory / INDEX_NAME))
+    out = {}
+    for entry in found.entries:
+        seg, k = divmod(entry.slot, found.head.segment_slots)
+        out[entry.block_hash] = Slot(
+            directory / segment_name(seg), k * found.head.slot_bytes, found.head.slot_bytes
+        )
+    return out
+
+
+def only(root: Path) -> Path:
+    (directory,) = namespaces(root)
+    return directory
+
+
+def footprint(directory: Path) -> tuple[int, int]:
+    """(blocks its index names, bytes of its segment files)."""
+    return len(files_of(directory)), sum(p.stat().st_size for p in directory.glob("*.dat"))
 
 
 def counters(llm) -> dict[str, int]:
@@ -76,54 +110,67 @@ def first(tiny_model, baseline, root):
         from tiercache.inspect import connect
 
         with connect(state=scheduler_side(llm).inspection) as client:
-            on_disk = client.explain(min(stored["disk"] & files_of(root).keys())).summary
+            on_disk = client.explain(min(stored["disk"] & files_of(only(root)).keys())).summary
             out = generate(llm, [SHARED["disk"][1]])
             why = client.explain_request(request_id=out[0].request_id)
         flush()
-        return stored, written, tokens(out)[0], counters(llm), (on_disk, why), files_of(root)
+        return stored, written, tokens(out)[0], counters(llm), (on_disk, why), files_of(only(root))
 
 
 @pytest.fixture(scope="module")
 def second(first, tiny_model, baseline, root):
-    """Engine 2, on the same directory after the second pair's files were corrupted, the third's truncated."""
+    """Engine 2, on the same directory after the second pair's slots were corrupted and the third's torn."""
     stored, _, _, _, _, files = first
-    for name, damage in (("disk_corrupt", _flip), ("disk_truncate", _truncate)):
-        hit = [files[h] for h in stored[name] if h in files]
-        assert len(hit) >= PREFIX_BLOCKS, name
-        for path in hit:
-            damage(path)
+    held = {name: [files[h] for h in stored[name] if h in files] for name in PAIRS}
+    assert all(len(slots) >= PREFIX_BLOCKS for slots in held.values()), held
+    for slot in held["disk_corrupt"]:
+        _flip(slot)
+    for slot in held["disk_truncate"]:
+        _tear(slot)
     with engine(tiny_model, disk_config("none", root, "4096 tokens")) as llm:
         got = {}
         for name in PAIRS:
             got[name] = (tokens(generate(llm, [SHARED[name][1]]))[0], counters(llm))
         flush()
-        return got, files_of(root)
+        return got, files_of(only(root))
 
 
 @pytest.fixture(scope="module")
 def third(second, tiny_model, root):
     """Engine 3: another codec, a disk tier of two blocks; the first pair's first prompt, the fillers, then
     its second prompt."""
+    theirs = {d: (files_of(d), footprint(d)) for d in namespaces(root)}
     with engine(tiny_model, disk_config("k8v4", root, f"{2 * BLOCK} tokens")) as llm:
-        theirs = set(root.rglob("*.blk"))
+        (mine,) = set(namespaces(root)) - set(theirs)  # created at the engine's start
         generate(llm, [SHARED["disk"][0]])
-        seen_max = 0
+        seen_max = (0, 0)
         for filler in FILLERS:
             generate(llm, [filler])
             flush()
-            seen_max = max(seen_max, len(set(root.rglob("*.blk")) - theirs))
+            seen_max = tuple(max(x, y) for x, y in zip(seen_max, footprint(mine), strict=True))
         out = tokens(generate(llm, [SHARED["disk"][1]]))[0]
-        return theirs, seen_max, out, counters(llm), set(root.rglob("*.blk"))
+        slot_bytes = read_index(str(mine / INDEX_NAME)).head.slot_bytes
+        return (
+            theirs,
+            (seen_max, slot_bytes),
+            out,
+            counters(llm),
+            {d: (files_of(d), footprint(d)) for d in theirs},
+        )
 
 
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[256 + 1000] ^= 0x40  # a payload byte (after the 256-byte header)
-    path.write_bytes(bytes(data))
+def _tear(slot: Slot) -> None:
+    with open(slot.segment, "r+b") as f:
+        f.seek(slot.offset + slot.size // 2)
+        f.write(bytes(slot.size - slot.size // 2))
 
 
-def _truncate(path: Path) -> None:
-    os.truncate(path, path.stat().st_size // 2)
+def _flip(slot: Slot) -> None:
+    with open(slot.segment, "r+b") as f:
+        f.seek(slot.offset + 256 + 1000)  # a payload byte (after the 256-byte header)
+        byte = f.read(1)[0]
+        f.seek(slot.offset + 256 + 1000)
+        f.write(bytes([byte ^ 0x40]))
 
 
 def test_blocks_evicted_from_dram_are_written_once(first):
@@ -142,7 +189,7 @@ def test_a_prompt_evicted_from_dram_is_served_from_disk(first, baseline):
     assert got == baseline[SHARED["disk"][1]]
     assert after["disk_read"] - written.get("disk_read", 0) == PREFIX_BLOCKS
     assert after["disk_hits"] >= PREFIX_BLOCKS and "disk_read_failures" not in after
-    size = next(iter(files.values())).stat().st_size
+    size = next(iter(files.values())).size
     assert after["disk_read_bytes"] == after["disk_read"] * size
     assert after["disk_written_bytes"] == after["disk_written"] * size
     hits = [tier for outcome, tier in ((b.outcome, b.tier) for b in why.blocks) if outcome == "hit"]
@@ -165,24 +212,24 @@ def test_a_corrupted_file_is_a_checksum_miss(second, baseline):
     assert after["disk_read_failures"] >= 1
 
 
-def test_a_truncated_file_is_a_miss(second, baseline):
+def test_a_torn_slot_is_a_miss(second, baseline):
     got, _ = second
     out, after = got["disk_truncate"]
     assert out == baseline[SHARED["disk_truncate"][1]]
     before = got["disk_corrupt"][1]
     assert after["disk_read_failures"] > before["disk_read_failures"]
-    assert after["disk_read"] == before["disk_read"]  # nothing of the truncated files was served
+    assert after["disk_read"] == before["disk_read"]  # nothing of the torn slots was served
 
 
 def test_another_codec_reads_none_of_the_files(third):
-    theirs, _, _, after, files = third
+    theirs, _, _, after, then = third
     assert "disk_hits" not in after and "disk_read" not in after
-    assert theirs <= files  # engine 1's files untouched
+    assert then == theirs  # engine 1's index and files untouched
 
 
 def test_a_full_disk_degrades_to_recompute(third, baseline):
-    _, seen_max, out, after, _ = third
-    assert 1 <= seen_max <= 2
+    _, ((blocks, nbytes), slot_bytes), out, after, _ = third
+    assert 1 <= blocks <= 2 and nbytes <= 2 * slot_bytes
     assert after["disk_writes"] >= 10 and after["disk_drops"] >= after["disk_writes"] - 2
     assert out == baseline[SHARED["disk"][1]]
 
@@ -194,11 +241,11 @@ def test_a_multiprocess_engine_serves_a_prompt_evicted_from_dram_from_disk(tiny_
         deadline, seen = time.monotonic() + 60, -1
         while time.monotonic() < deadline:  # the writes are asynchronous: wait until they stop
             time.sleep(0.5)
-            now = len(files_of(tmp_path))
+            now = len(files_of(only(tmp_path))) if namespaces(tmp_path) else 0
             if now >= 50 and now == seen:
                 break
             seen = now
-        assert len(files_of(tmp_path)) >= 50
+        assert len(files_of(only(tmp_path))) >= 50
         out = generate(llm, [second])
     assert out[0].num_cached_tokens == PREFIX_BLOCKS * BLOCK  # the shared blocks, read from disk
     assert tokens(out) == [baseline[second]]

@@ -261,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
         disk = tiers.disk.size
         tokens = disk.tokens if disk.tokens is not None else int(disk.bytes // per_token)
         print(f"tiers.disk per rank: {disk} at {tiers.disk.path}: ~{tokens:,} tokens of the configured codec "
-              "(one file per block: a 256-byte header, 4 KiB-aligned)")  # fmt: skip
+              "(a segment-file slot per block: a 256-byte header, 4 KiB-aligned; a 128-byte index "
+              "record)")  # fmt: skip
     for warning in memory_warnings(tiers, per_token, host, gpu, args.tensor_parallel):
         print(f"tiercache plan: warning: {warning}", file=sys.stderr)
     if gpu is None:

@@ -1,22 +1,24 @@
-"""Where the disk tier's block files live and how many fit: shared by the scheduler side (its index, rebuilt
+"""Where the disk tier's files live and how many blocks fit: shared by the scheduler side (its index, rebuilt
 from a scan at start) and the worker side (the store that writes and reads them).
 
 Provides:
-    SUFFIX                                   ".blk": one file per block, named by its hash in hex
     block_dir(root, namespace) -> str        root/<model>-<key>/rank<r>: key is a hash of the model name and
                                              the namespace's salt (format version, codec id, layout), so an
                                              engine with another model, codec or layout never opens these
-    file_bytes(layout) -> int                one block's file: the remote tier's value (header + DRAM row),
-                                             padded to direct.ALIGN
-    disk_blocks(config, layout) -> int       blocks tiers.disk.size holds per rank (0 without a disk tier);
-                                             ConfigError naming the minimum when it holds none
-    DiskFile(block_hash, mtime, size)        one file found by scan
-    scan(directory) -> list[DiskFile]        the block files there, oldest first (by modification time);
-                                             names that are not a block file's are skipped
+    file_bytes(layout) -> int                one block's slot in a segment file: the remote tier's value
+                                             (header + DRAM row), padded to direct.ALIGN
+    disk_slots(disk, layout, source) -> int  blocks a DiskConfig's size holds per rank: slots and their index
+                                             records; ConfigError naming the minimum when it holds none
+    disk_blocks(config, layout) -> int       the same for a TierCacheConfig (0 without a disk tier)
+    scan(directory) -> list[Entry]           the blocks the directory's index names (index.Entry: slot,
+                                             block hash, time written), oldest first; [] without an index
+    OLD_SUFFIX                               ".blk": the files of the format before segments (one file per
+                                             block, named by its hash): never read, removed by the store
 
-A file's name only says which block it claims to hold: its header (block hash, codec id, payload size and
-checksum: tiercache.remote.format) and payload checksum are checked when it is read, so a file that is torn,
-truncated, corrupted or renamed is a miss, never served.
+The directory holds segment files (segments.py) and their index (index.py). An index entry only says which
+block a slot claims to hold: the slot's header (block hash, codec id, payload size and checksum:
+tiercache.remote.format) and payload checksum are checked when it is read, so a slot that is torn,
+truncated, corrupted or holds another block is a miss, never served.
 """
 
 from __future__ import annotations
@@ -24,23 +26,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
 
 from tiercache.disk.direct import ALIGN
+from tiercache.disk.index import HEAD_BYTES, INDEX_NAME, RECORD_BYTES, Entry, read_index
 from tiercache.errors import ConfigError
 from tiercache.layout import BlockLayout
 from tiercache.remote.format import HEADER_BYTES
 
-SUFFIX = ".blk"
-_NAME = re.compile(r"^([0-9a-f]{2,128})\.blk$")
+OLD_SUFFIX = ".blk"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-@dataclass(frozen=True)
-class DiskFile:
-    block_hash: bytes
-    mtime: float
-    size: int
 
 
 def block_dir(root: str, namespace) -> str:
@@ -54,36 +48,25 @@ def file_bytes(layout: BlockLayout) -> int:
     return -(-(HEADER_BYTES + layout.dram_stride) // ALIGN) * ALIGN
 
 
-def disk_blocks(config, layout: BlockLayout) -> int:
-    disk = config.tiers.disk
-    if disk is None:
-        return 0
-    size, per = disk.size, file_bytes(layout)
-    blocks = size.tokens // layout.block_size if size.tokens is not None else size.bytes // per
+def disk_slots(disk, layout: BlockLayout, source: str = "") -> int:
+    """disk: a tiercache.config_disk.DiskConfig."""
+    size, per = disk.size, file_bytes(layout) + RECORD_BYTES
+    blocks = size.tokens // layout.block_size if size.tokens is not None else (size.bytes - HEAD_BYTES) // per
     if blocks < 1:
+        least = HEAD_BYTES + per
+        where = f" ({source})" if source else ""
         raise ConfigError(
-            f"tiers.disk.size: {size} holds no whole block ({config.source}): one block of this model and "
-            f"codec is {layout.block_size} tokens = a file of {per:,} bytes per rank; set tiers.disk.size to "
-            f'at least "{layout.block_size} tokens" or {per:,} bytes'
+            f"tiers.disk.size: {size} holds no whole block{where}: one block of this model and codec is "
+            f"{layout.block_size} tokens = {least:,} bytes per rank (a slot of {file_bytes(layout):,} bytes "
+            f'and its index); set tiers.disk.size to at least "{layout.block_size} tokens" or {least:,} bytes'
         )
     return blocks
 
 
-def scan(directory: str) -> list[DiskFile]:
-    found = []
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        m = _NAME.match(entry.name)
-        if m is None or len(m[1]) % 2:
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if entry.is_file(follow_symlinks=False):
-            found.append(DiskFile(bytes.fromhex(m[1]), st.st_mtime, st.st_size))
-    found.sort(key=lambda f: f.mtime)
-    return found
+def disk_blocks(config, layout: BlockLayout) -> int:
+    disk = config.tiers.disk
+    return 0 if disk is None else disk_slots(disk, layout, config.source)
+
+
+def scan(directory: str) -> list[Entry]:
+    return read_index(os.path.join(directory, INDEX_NAME)).entries

@@ -1,31 +1,33 @@
-"""The disk tier's index (scheduler side): which blocks have a file, what to write and what to delete. The
+"""The disk tier's index (scheduler side): which blocks are on disk, what to write and what to drop. The
 TierManager owns it (ManagerCore._disk, its verbs in disk_tier.py); the workers execute its writes, reads and
-drops (StepPlan.disk_writes, disk_reads, disk_drops).
+drops (StepPlan.disk_writes, disk_reads, disk_drops) in their stores' slots (tiercache.disk.store).
 
 Provides:
-    DiskIndex(capacity, write="evicted")        capacity: files per rank (tiercache.disk.files.disk_blocks);
+    DiskIndex(capacity, write="evicted")        capacity: blocks per rank (tiercache.disk.files.disk_blocks);
                                                 write: tiers.disk.write
         evicted(block_hash, slot, hits)         a block dropped from DRAM (its DRAM slot still holds it until
                                                 the next step's start): queued for writing when the policy
                                                 says so (write "reused": only blocks that had a hit) and
-                                                it has no file yet; room made by dropping the least
-                                                recently used files that no read holds
-        restore(hashes)                         the files found at start (oldest first): indexed; those beyond
-                                                the capacity (a smaller size than before) are dropped
-        prefix(hashes) -> int                   leading blocks with a file
-        pin(hashes) / unpin(hashes)             a read in flight (its file is not dropped meanwhile)
-        forget(hashes)                          a file that failed a read (missing, torn, corrupted, I/O
-                                                error): unindexed and deleted, never read again
-        take() -> (writes, drops)               RemoteItem (DRAM slot → file) and block hashes to delete,
+                                                it is not on disk yet; room made by dropping the least
+                                                recently used blocks that no read holds
+        restore(hashes)                         the blocks a scan found at start (oldest first): indexed;
+                                                those beyond the capacity (a smaller size than before) are
+                                                dropped: the oldest, as the store drops them at its start
+        prefix(hashes) -> int                   leading blocks on disk
+        pin(hashes) / unpin(hashes)             a read in flight (its block is not dropped meanwhile)
+        forget(hashes)                          a block that failed a read (missing, torn, corrupted, I/O
+                                                error): unindexed and dropped, never read again
+        take() -> (writes, drops)               RemoteItem (DRAM slot → disk) and block hashes to drop,
                                                 queued since the last call
         stats() -> dict                         disk_capacity, disk_blocks, disk_pinned, and counts:
                                                 disk_planned_writes, disk_evictions, disk_not_written
         hashes                                  indexed blocks, least recently used first
 
-A file is indexed when its write is planned: a write that fails (disk full, I/O error, the queue full) leaves
-an index entry without a file, which the first read of it finds missing (a miss, then forgotten). The index
-holds at most `capacity` blocks, so the files on disk (rank 0's, which the index is rebuilt from at start;
-every rank writes and drops the same blocks) never exceed tiers.disk.size.
+A block is indexed when its write is planned: a write that fails (disk full, I/O error, the queue full)
+leaves an index entry with nothing on disk, which the first read of it finds missing (a miss, then
+forgotten). The index holds at most `capacity` blocks, as each rank's store holds at most `capacity` slots
+(rank 0's index of slots is what this one is rebuilt from at start; every rank writes and drops the same
+blocks), so the files on disk never exceed tiers.disk.size.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class DiskIndex:
         if block_hash in self._files or (self.write == "reused" and hits == 0):
             return
         if len(self._files) >= self.capacity and not self._make_room(1):
-            self._counts["disk_not_written"] += 1  # every file is being read: rare, and only a lost copy
+            self._counts["disk_not_written"] += 1  # every block is being read: rare, and only a lost copy
             return
         self._files[block_hash] = 0
         self._writes.append(RemoteItem(block_hash, slot, DRAM))
@@ -80,7 +82,7 @@ class DiskIndex:
             self._files.move_to_end(block_hash)
         excess = len(self._files) - self.capacity
         if excess > 0:
-            logger.info("tiercache: disk tier holds %d files beyond its size: the oldest are deleted", excess)
+            logger.info("tiercache: disk tier holds %d blocks beyond its size: the oldest dropped", excess)
             self._make_room(excess)
 
     def prefix(self, hashes: Sequence[bytes]) -> int:
@@ -113,7 +115,7 @@ class DiskIndex:
         return {**base, **self._counts}
 
     def _make_room(self, n: int) -> bool:
-        """Drop the n least recently used files no read holds; False when fewer than n could go."""
+        """Drop the n least recently used blocks no read holds; False when fewer than n could go."""
         victims = list(islice((h for h, refs in self._files.items() if not refs), n))
         for block_hash in victims:
             del self._files[block_hash]

@@ -6,14 +6,14 @@ Provides:
     DiskVerbs                                   the TierManager's disk verbs (a mixin of ManagerCore)
         disk_prefix(hashes) -> int              leading blocks on disk that the manager does not hold (a read
                                                 of a block known here would be refused)
-        prepare_disk_read(hashes) -> PrepareLoadOutput | None   DRAM slots for them (prepare_fetch), files
-                                                pinned; None: no room, or a block is known here
+        prepare_disk_read(hashes) -> PrepareLoadOutput | None   DRAM slots for them (prepare_fetch), their
+                                                disk blocks pinned; None: no room, or a block is known here
         complete_disk_read(hashes, ok, reason, keep_file=False)   the read and its load are done: ready in
                                                 DRAM, or released and (unless keep_file: it was never read)
-                                                the file forgotten
+                                                the disk block forgotten
         take_disk_plan() -> (writes, drops)     DiskIndex.take (nothing without a disk tier)
-        restore_disk(hashes)                    the files a scan found at start, oldest first
-                                                (DiskIndex.restore)
+        restore_disk(hashes)                    the blocks a scan of the disk tier's index found at start,
+                                                oldest first (DiskIndex.restore)
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class DiskVerbs(ManagerCore):
 
     def prepare_disk_read(self, hashes: Sequence[bytes]) -> PrepareLoadOutput | None:
         if self._disk is None or self._disk.prefix(hashes) < len(hashes):
-            return self._fetch_refused(hashes, "a block has no file on disk", DISK)
-        self._disk.pin(hashes)  # first: the DRAM room made for them may write others, dropping old files
+            return self._fetch_refused(hashes, "a block is not on disk", DISK)
+        self._disk.pin(hashes)  # first: the DRAM room made for them may write others, dropping old blocks
         try:
             out = self.prepare_fetch(hashes, source=DISK)
         except Exception:
