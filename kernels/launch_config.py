@@ -62,7 +62,7 @@ class DecodeLaunchConfig:
     merge_rows: int | None = None
     """Rows (sequence, query head) per merge program, 1 or 16, or None: 16 where there are at least 4 rows
     per SM, else 1. Each program reads Π (64 KiB at head_dim 128) once for its rows: at 256 × 1K, 16 rows a
-    program take the decode from 233 to 177 µs on an H200; at 4 × 8K (128 rows, 8 programs) they cost
+    program take K4V4's decode from 196 to 165 µs on an H200; at 4 × 8K (128 rows, 8 programs) they cost
     1.19× (benchmarks/RESULTS.md)."""
     lut_kernel: bool = True
     """The Gluon kernel (_decode_lut_kernel) where it applies (decode_lut.lut_mode_of)."""
