@@ -3,20 +3,16 @@
 Provides:
     RequestError                    a request the service cannot answer; the message goes back to the client
     decision_dict(event, snapshot)  one kept TierEvent in the uniform decision shape (ages via the snapshot)
-    block_dict(block, snapshot)     one BlockView (or BlockRow) with its times as ages (stored_age_s, idle_s)
-    BlockRow, BLOCK_FIELDS          a BlockView as the service process holds it (views.py, which defines
-                                    BlockView, imports the allocators and torch: the service process does not)
+    block_dict(block, snapshot)     one BlockView with its times as ages (stored_age_s, idle_s)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tiercache.inspect.state import Snapshot
-    from tiercache.scheduler.views import BlockView
+from tiercache.inspect.state import Snapshot
+from tiercache.scheduler.views import BlockView
 
 
 class RequestError(ValueError):
@@ -57,28 +53,9 @@ def decision_dict(e, snap: Snapshot) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRow:
-    """BlockView's fields, in its order (a test keeps them equal)."""
-
-    block_hash: bytes
-    tier: str
-    slot: int
-    hits: int
-    stored_at: float  # on the manager's clock
-    last_access: float
-    ready: bool
-    loads_in_flight: int
-    moving: bool
-    evictable: bool
-
-
-BLOCK_FIELDS = tuple(f.name for f in dataclasses.fields(BlockRow))
-
-
-def block_dict(block: BlockView | BlockRow, snap: Snapshot) -> dict[str, Any]:
-    """Ages via the snapshot's clocks: the service never calls the manager's clock."""
-    out = {name: getattr(block, name) for name in BLOCK_FIELDS}  # flat: no deep copy (asdict) needed
+def block_dict(block: BlockView, snap: Snapshot) -> dict[str, Any]:
+    """Ages via the snapshot's clocks: the server thread never calls the manager's clock."""
+    out = dataclasses.asdict(block)
     out["stored_age_s"] = snap.age_of(out.pop("stored_at"))
     out["idle_s"] = snap.age_of(out.pop("last_access"))
     return out
