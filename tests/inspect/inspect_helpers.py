@@ -1,12 +1,18 @@
 """Helpers of the inspection tests (imported by name: a `conftest` module of another test folder can shadow
-this folder's): block hashes, a manager driven into evictions, and raw socket requests."""
+this folder's): block hashes, a manager driven into evictions, raw socket requests, and the service's loop
+on a thread of the test process."""
 
 from __future__ import annotations
 
 import socket
+import threading
+from contextlib import contextmanager
+from pathlib import Path
 
 from tiercache.config import EvictionConfig
-from tiercache.inspect import InspectionState
+from tiercache.inspect import InspectionState, listener
+from tiercache.inspect.limits import CpuBudget, ServiceLimits
+from tiercache.inspect.loop import ServiceLoop
 from tiercache.inspect.protocol import HEADER, MAX_RESPONSE_BYTES, pack_frame, recv_frame
 from tiercache.scheduler.manager import TierManager
 from tiercache.scheduler.policies import make_policy
@@ -73,3 +79,25 @@ def ask(sock: socket.socket, request) -> dict:
 def ask_raw(sock: socket.socket, body: bytes) -> dict:
     sock.sendall(HEADER.pack(len(body)) + body)
     return recv_frame(sock, MAX_RESPONSE_BYTES)
+
+
+@contextmanager
+def loop_in_thread(state: InspectionState, path: Path, limits: ServiceLimits | None = None):
+    """The service's loop (the one its process runs, loop.py) on a thread of this process, serving a live
+    state: for tests that change what the loop calls (monkeypatched handlers, peer credentials) or read its
+    connections. Yields the ServiceLoop; its socket is `path`."""
+    limits = limits or ServiceLimits()
+    sock = listener.listen(Path(path))
+    budget = CpuBudget(limits.cpu_share, limits.cpu_burst, limits.idle_cpu_share)
+    loop = ServiceLoop(state, sock, limits, budget)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        stop.set()
+        loop.wake()
+        thread.join(5)
+        sock.close()
+        Path(path).unlink(missing_ok=True)

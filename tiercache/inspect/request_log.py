@@ -9,15 +9,19 @@ Provides:
                          it may leave again), tokens by source
     RequestLog(size)     the `size` most recent admissions; .add(record), .find(key) -> RequestRecord | None
                          (key: a request id, vLLM's internal or the caller's, the id vLLM's OpenAI server
-                         returned, or a prompt digest); .recent_ids: the newest callers' ids (≤ 5)
+                         returned, or a prompt digest); .recent_ids: the newest callers' ids (≤ 5);
+                         .serial (admissions so far), .since(serial) -> [(serial, record)] those added after
     Departures(size)     block hash → the event that took it out of the tiers (an eviction that dropped it,
                          a drop after a failed load, a store that failed or found no room) or kept it out
                          (a store the policy's admission control declined), for the `size`
-                         most recently departed blocks; .record(event), .get(block_hash), .forgotten
+                         most recently departed blocks; .record(event), .get(block_hash), .forgotten;
+                         .serial (departures recorded so far), .since(serial) -> [event] those recorded
+                         after, oldest first (what the service process's mirror is sent)
     prompt_digest(token_ids) -> bytes   16 bytes naming a prompt (blake2b of its token ids)
 
-Written on the scheduler thread; read on the inspection thread by point reads only (dict.get, which the GIL
-makes atomic), never by iterating a structure the scheduler is changing.
+Written on the scheduler thread; read by in-process clients by point reads only (dict.get, which the GIL
+makes atomic), never by iterating a structure the scheduler is changing. since() iterates: on the scheduler
+thread (feed.py, at publish), or with serial 0 (a copy of everything, made in C: any thread).
 Memory: a record keeps its prompt's block hashes (≈ 75 B per block: 32 K tokens in blocks of 16 ≈ 150 KB),
 so `inspect.recent_requests` bounds it; a departure keeps one frozen event (≈ 250 B).
 """
@@ -82,7 +86,8 @@ class RequestLog:
         if size < 0:
             raise ValueError(f"RequestLog: size must be ≥ 0, got {size}")
         self.size = size
-        self._records: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.serial = 0  # admissions added so far
+        self._records: OrderedDict[str, tuple[int, RequestRecord]] = OrderedDict()  # id → (serial, record)
         self._aliases: dict[bytes | str, str] = {}  # caller's ids or digest → newest request id
         self.recent_ids: tuple[str, ...] = ()  # the newest caller-facing ids, newest first (replaced whole)
 
@@ -91,11 +96,12 @@ class RequestLog:
             return
         records = self._records
         records.pop(record.request_id, None)
-        records[record.request_id] = record
+        self.serial += 1
+        records[record.request_id] = (self.serial, record)
         for alias in _aliases(record):
             self._aliases[alias] = record.request_id
         while len(records) > self.size:
-            _, old = records.popitem(last=False)
+            _, (_, old) = records.popitem(last=False)
             for alias in _aliases(old):
                 if self._aliases.get(alias) == old.request_id:
                     del self._aliases[alias]
@@ -106,9 +112,23 @@ class RequestLog:
         if isinstance(key, str):
             found = self._records.get(key)
             if found is not None:
-                return found
+                return found[1]
         request_id = self._aliases.get(key)
-        return None if request_id is None else self._records.get(request_id)
+        found = None if request_id is None else self._records.get(request_id)
+        return None if found is None else found[1]
+
+    def since(self, serial: int) -> list[tuple[int, RequestRecord]]:
+        """(serial, record) of the admissions after `serial`, oldest first: a walk back from the newest (on
+        the scheduler thread), or for serial 0 all of them, copied in C (safe on any thread)."""
+        if serial <= 0:
+            return list(self._records.values())
+        out = []
+        for entry in reversed(self._records.values()):
+            if entry[0] <= serial:
+                break
+            out.append(entry)
+        out.reverse()
+        return out
 
     def __len__(self) -> int:
         return len(self._records)
@@ -132,21 +152,39 @@ class Departures:
             raise ValueError(f"Departures: size must be ≥ 0, got {size}")
         self.size = size
         self.forgotten = 0  # departures pushed out by newer ones
+        self.serial = 0  # departures recorded so far
         self._events: OrderedDict[bytes, TierEvent] = OrderedDict()
+        self._serials: dict[bytes, int] = {}  # hash → its departure's serial (ints: nothing more to collect)
 
     def record(self, event: TierEvent) -> None:
         """Keep the event if it took its block out of the tiers (ignores the others)."""
         if not is_departure(event) or self.size == 0:
             return
-        events = self._events
-        events.pop(event.block_hash, None)
-        events[event.block_hash] = event
+        events, block_hash = self._events, event.block_hash
+        events.pop(block_hash, None)
+        self.serial += 1
+        events[block_hash] = event
+        self._serials[block_hash] = self.serial
         if len(events) > self.size:
-            events.popitem(last=False)
+            gone, _ = events.popitem(last=False)
+            del self._serials[gone]
             self.forgotten += 1
 
     def get(self, block_hash: bytes) -> TierEvent | None:
         return self._events.get(block_hash)
+
+    def since(self, serial: int) -> list[TierEvent]:
+        """The departures recorded after `serial`, oldest first: a walk back from the newest (on the scheduler
+        thread), or for serial 0 all of them, copied in C (no bytecode runs: safe on any thread)."""
+        if serial <= 0:
+            return list(self._events.values())
+        serials, out = self._serials, []
+        for block_hash in reversed(self._events):
+            if serials[block_hash] <= serial:
+                break
+            out.append(self._events[block_hash])
+        out.reverse()
+        return out
 
 
 def is_departure(event: TierEvent) -> bool:

@@ -3,16 +3,17 @@
 Provides:
     RequestError                    a request the service cannot answer; the message goes back to the client
     decision_dict(event, snapshot)  one kept TierEvent in the uniform decision shape (ages via the snapshot)
-    block_dict(block, snapshot)     one BlockView with its times as ages (stored_age_s, idle_s)
+    block_dict(block, snapshot)     one BlockView (or BlockRow) with its times as ages (stored_age_s, idle_s)
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tiercache.inspect.state import Snapshot
-from tiercache.scheduler.views import BlockView
+from tiercache.inspect.snapshot import BLOCK_FIELDS, BlockRow, Snapshot
+
+if TYPE_CHECKING:
+    from tiercache.scheduler.views import BlockView
 
 
 class RequestError(ValueError):
@@ -53,9 +54,9 @@ def decision_dict(e, snap: Snapshot) -> dict[str, Any]:
     return out
 
 
-def block_dict(block: BlockView, snap: Snapshot) -> dict[str, Any]:
-    """Ages via the snapshot's clocks: the server thread never calls the manager's clock."""
-    out = dataclasses.asdict(block)
+def block_dict(block: BlockView | BlockRow, snap: Snapshot) -> dict[str, Any]:
+    """Ages via the snapshot's clocks: the service never calls the manager's clock."""
+    out = {name: getattr(block, name) for name in BLOCK_FIELDS}  # flat: no deep copy (asdict) needed
     out["stored_age_s"] = snap.age_of(out.pop("stored_at"))
     out["idle_s"] = snap.age_of(out.pop("last_access"))
     return out

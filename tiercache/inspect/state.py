@@ -1,5 +1,6 @@
 """What the inspection service serves: counters and recent decisions fed by the scheduler thread, published
-as immutable snapshots that the server thread reads without locks.
+as immutable snapshots (read without locks by in-process clients) and sent to the service process's mirror
+by each attached feed (feed.py).
 
 Provides:
     InspectionState(max_decisions=1000, max_blocks=256, max_ttft=10_000, bytes_per_block=None,
@@ -20,10 +21,14 @@ Provides:
         close()                             leave the in-process registry (optional; a dropped state leaves)
         publish(view, force=False) -> bool  builds a Snapshot of a ManagerView (manager.view()) and swaps it
                                             in by one reference assignment, at most every min_interval
-                                            seconds (0.1) unless force
+                                            seconds (0.1) unless force; then each attached feed sends what
+                                            changed (every call first lets the feeds flush what is pending)
+        attach(feed) / detach(feed)         a service's feed (server.py does both)
         snapshot                            the latest Snapshot (None before the first publish)
         view                                the ManagerView last published (for point reads: explain)
-    Snapshot                                frozen; plain data only, never mutated after publication
+    Snapshot                                (snapshot.py) frozen; plain data only, never mutated after
+                                            publication
+    Feed                                    what attach expects: flush() and send(force)
     DECISION_KINDS                          event kinds kept as decisions
     live_states() -> list[InspectionState]  this process's live states, newest first (the in-process client)
 
@@ -41,13 +46,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tiercache.inspect.request_log import Departures, RequestLog, RequestRecord
+from tiercache.inspect.snapshot import Snapshot
 from tiercache.scheduler.events import TierEvent, cause_of
-from tiercache.scheduler.views import BlockView, ManagerView, TierView
 from tiercache.wire import TIERS, TRANSFER_DIRECTIONS
+
+if TYPE_CHECKING:  # views.py imports the allocators (and torch): the service process reads BlockRows instead
+    from tiercache.scheduler.views import ManagerView, TierView
 
 DECISION_KINDS = ("eviction", "drop", "decline", "warm", "spill")
 _KEEP_STAGES = {"warm": ("planned", "failed"), "spill": ("failed",)}
@@ -65,25 +72,13 @@ _LIVE: list[weakref.ref] = []
 _LIVE_LOCK = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    version: int
-    wall_time: float  # time.time() at publication
-    clock_time: float  # the manager's clock at publication (events carry times on this clock)
-    pid: int
-    started_wall: float
-    policy: str
-    codec_id: str
-    manager_stats: Mapping[str, int]
-    counters: Mapping[str, int]
-    tiers: tuple[Mapping[str, Any], ...]
-    decisions: tuple[TierEvent, ...]  # oldest first
-    blocks: Mapping[str, tuple[BlockView, ...]]  # per tier, most recently used first
-    ttft: Mapping[str, Mapping[str, float] | None]  # "hit" / "miss" → count, mean_s, p50_s, p90_s
+class Feed(Protocol):
+    """What publish drives in an attached feed (feed.Feed): flush() sends what is pending, send(force) what
+    changed since the last send."""
 
-    def age_of(self, clock_time: float) -> float:
-        """Seconds between a time on the manager's clock and now (wall)."""
-        return (self.clock_time - clock_time) + (time.time() - self.wall_time)
+    def flush(self) -> None: ...
+
+    def send(self, force: bool) -> None: ...
 
 
 class InspectionState:
@@ -117,9 +112,21 @@ class InspectionState:
         self._published_at = -float("inf")
         self._ttft_summary: dict[str, Any] = {"hit": None, "miss": None}
         self._ttft_dirty = False
+        self._feeds: tuple[Feed, ...] = ()  # replaced whole (attach/detach run on other threads)
         with _LIVE_LOCK:
             _LIVE[:] = [r for r in _LIVE if r() is not None]
             _LIVE.append(weakref.ref(self))
+
+    @property
+    def pid(self) -> int:
+        """The engine's process (this one)."""
+        return os.getpid()
+
+    def attach(self, feed: Feed) -> None:
+        self._feeds = (*self._feeds, feed)
+
+    def detach(self, feed: Feed) -> None:
+        self._feeds = tuple(f for f in self._feeds if f is not feed)
 
     def close(self) -> None:
         """Leave this process's registry of live states (connect() stops finding it in-process)."""
@@ -212,6 +219,9 @@ class InspectionState:
     def publish(self, view: ManagerView, force: bool = False) -> bool:
         """Build and publish a snapshot of a manager's view and the recorded counters; returns False (doing
         nothing) when the last one is younger than min_interval and not force."""
+        feeds = self._feeds
+        for feed in feeds:
+            feed.flush()
         now = time.monotonic()
         if not force and now - self._published_at < self.min_interval:
             return False
@@ -236,6 +246,8 @@ class InspectionState:
             blocks={tier: tuple(view.blocks(tier, self.max_blocks)) for tier in TIERS},
             ttft=dict(self._ttft_summary),
         )
+        for feed in feeds:
+            feed.send(force)
         return True
 
     def _tier(self, tier: TierView) -> dict[str, Any]:

@@ -22,7 +22,8 @@ A block's outcome is "vllm" (vLLM's own prefix cache had it), "hit" (tiercache l
                      miss
 A hit whose load then failed (a drop after a failed load of the block, later than the admission) is "miss"
 with the failure's cause and `loaded_then_failed` set.
-Runs on the inspection thread: point reads of the request log and the departures (see request_log.py).
+Point reads of the request log and of each hit block's last departure (request_log.py; only a drop counts
+here, so the service process's mirror keeps the other departures as their hashes: mirror.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from tiercache.inspect.request_log import WHERE, RequestRecord
 from tiercache.inspect.shapes import RequestError
-from tiercache.inspect.state import Snapshot
+from tiercache.inspect.snapshot import Snapshot
 from tiercache.scheduler.events import (
     DeclineEvent,
     DropEvent,
@@ -100,7 +101,7 @@ def _block(
         return row
     if i < record.vllm_blocks + record.hit_blocks:
         if (
-            gone is not None
+            isinstance(gone, DropEvent)
             and gone.time >= record.clock
             and cause_of(gone.reason).startswith(("load", "hash", "codec", "checksum"))
         ):
