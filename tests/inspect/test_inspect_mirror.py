@@ -194,6 +194,40 @@ def test_a_service_that_does_not_read_never_blocks_the_scheduler():
         w.close()
 
 
+def test_what_an_engine_records_after_its_last_publish_reaches_the_mirror_once_it_stops_stepping():
+    """Admissions and decisions recorded within publish's min_interval of the last publish, then no step:
+    the inspection thread's catch_up sends them (not before `idle` seconds without a publish), once."""
+    w = Workload("lru", vram=8, dram=8).run()
+    ours, theirs = _reader()
+    feed = Feed(ours, w.state)
+    w.state.attach(feed)
+    mirror, inbuf = Mirror(0), FrameBuffer(1 << 30)
+    try:
+        w.state.min_interval = 60.0  # every publish after the forced one is skipped
+        w.state.publish(w.manager.view(), force=True)
+        _sync(feed, theirs, mirror, inbuf)
+        for i in range(3):
+            w.state.record_request(_record(i))
+            w.step([70_000 + i])  # recorded, not published: the last step's changes
+        _sync(feed, theirs, mirror, inbuf)
+        assert mirror.requests.find("cmpl-2") is None
+        feed.catch_up(idle=60.0)  # the engine stepped just now: nothing is sent yet
+        assert _drain(theirs, mirror, inbuf) == 0
+        time.sleep(0.05)
+        feed.catch_up(idle=0.04)
+        assert _drain(theirs, mirror, inbuf) == 1
+        assert [mirror.requests.find(f"cmpl-{i}") for i in range(3)] == [
+            w.state.requests.find(f"cmpl-{i}") for i in range(3)
+        ]
+        assert tuple(mirror.decisions) == tuple(w.state.decisions)
+        feed.catch_up(idle=0.04)  # nothing new: no Update
+        assert _drain(theirs, mirror, inbuf) == 0
+    finally:
+        feed.close()
+        theirs.close()
+        w.close()
+
+
 def test_a_new_channel_gets_everything_at_once():
     w = Workload("lru").run()
     try:

@@ -8,6 +8,10 @@ Provides:
                              the last one is going out, or would put the feed over SHARE (not when forced)
         .flush()             publish() calls it at every step: sends what the socket did not take (nothing
                              pending: one test)
+        .catch_up(idle)      the engine's inspection thread calls it between its reads: once publish() has
+                             not run for `idle` seconds (the engine stopped stepping), an Update of what was
+                             recorded since the last one sent, with the snapshot last published
+        .behind()            the state holds what no Update sent yet (any thread)
         .restart(sock)       a new channel (a new service process): a full Update, built and queued at once on
                              the calling thread (the state's rings are copied in C, safe while the scheduler
                              records)
@@ -23,9 +27,12 @@ pays per Update is the encoding of the new decisions, departures and admissions 
 counters and block lists: a few µs for a step's worth, ~4 ms for the ~1,000 decisions, 2,000 departures and
 128 admissions of 0.1 s of benchmarks/inspect_attack.py's loop. The feed keeps that within SHARE of the
 scheduler thread's time: after an Update that took t, the next waits t / SHARE (the mirror is then that much
-older: stats().snapshot_age_s says how old). Updates go out from publish() only, that is, at the engine's
-steps: an engine that stops stepping leaves a skipped Update unsent until its next step, as it leaves its own
-last 0.1 s unpublished (publish's min_interval).
+older: stats().snapshot_age_s says how old). Updates go out from publish(), at the engine's steps, and from
+catch_up() once the steps stop: the requests, decisions and departures an engine recorded after its last sent
+Update reach the mirror within `idle` seconds of its last step (the snapshot's counters are those of its last
+publish: publish's min_interval leaves up to 0.1 s of them unpublished). catch_up's walks back over the
+state's rings run off the scheduler thread: were the engine to step again meanwhile, the walk fails
+(RuntimeError: mutated during iteration) and catch_up leaves the Update to the next publish.
 """
 
 from __future__ import annotations
@@ -63,6 +70,8 @@ class Feed:
         self.updates = self.errors = 0
         self._logged = -LOG_EVERY
         self._not_before = 0.0  # (time.monotonic) the next Update's earliest time, after a costly one
+        self._published = 0.0  # (time.monotonic) the scheduler's last flush or send: its last publish
+        self._version = 0  # the version of the snapshot last sent
         self.restart(sock)
 
     @property
@@ -89,6 +98,7 @@ class Feed:
             self._sock = None
 
     def flush(self) -> None:
+        self._published = time.monotonic()
         if self._out and self._lock.acquire(blocking=False):  # taken: a restart is queueing a full Update
             try:
                 self._flush()
@@ -96,6 +106,7 @@ class Feed:
                 self._lock.release()
 
     def send(self, force: bool = False) -> None:
+        self._published = time.monotonic()
         if not self._lock.acquire(blocking=False):
             return  # a restart is queueing a full Update: it holds this snapshot already
         try:
@@ -114,13 +125,42 @@ class Feed:
         finally:
             self._lock.release()
 
+    def catch_up(self, idle: float) -> None:
+        if self._out or self._sock is None or time.monotonic() - self._published < idle or not self.behind():
+            return
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._out or self._sock is None:
+                return
+            try:
+                update = self._delta()
+            except RuntimeError:  # the scheduler recorded meanwhile: it steps again, its publish sends
+                return
+            self._queue(lambda: update)
+            self._flush()
+        finally:
+            self._lock.release()
+
+    def behind(self) -> bool:
+        """The state holds something the last Update sent did not (reads of single attributes: any thread)."""
+        state, snapshot = self._state, self._state.snapshot
+        decisions = state.decisions
+        newest = decisions[-1] if decisions else None
+        return (
+            (snapshot is not None and snapshot.version != self._version)
+            or state.requests.serial != self._requests
+            or state.departures.serial != self._departures
+            or (newest is not None and newest is not self._last_decision)
+        )
+
     # ----------------------------------------------------------------- under the lock
     def _full(self) -> Update:
         state = self._state
         marked = state.departures.serial  # before the copy: a departure in both is sent twice, harmlessly
         decisions = tuple(state.decisions)  # copies made in C: safe while the scheduler thread records
         departures, requests = state.departures.since(0), state.requests.since(0)
-        self._mark(decisions, marked, requests)
+        self._mark(decisions, marked, requests, state.snapshot)
         sizes = Sizes(state.decisions.maxlen or 0, state.requests.size, state.departures.size)
         return Update(
             snapshot=state.snapshot, decisions=decisions, departures=_departures(departures),
@@ -129,11 +169,12 @@ class Feed:
 
     def _delta(self) -> Update:
         state = self._state
+        marked, snapshot = state.departures.serial, state.snapshot  # before the walks (as _full)
         decisions = self._new_decisions()
         departures, requests = state.departures.since(self._departures), state.requests.since(self._requests)
-        self._mark(decisions, state.departures.serial, requests)
+        self._mark(decisions, marked, requests, snapshot)
         return Update(
-            snapshot=state.snapshot, decisions=decisions, departures=_departures(departures),
+            snapshot=snapshot, decisions=decisions, departures=_departures(departures),
             requests=tuple(r for _, r in requests), forgotten=state.departures.forgotten,
         )  # fmt: skip
 
@@ -148,7 +189,9 @@ class Feed:
         new.reverse()
         return tuple(new)
 
-    def _mark(self, decisions: tuple, departures: int, requests: list) -> None:
+    def _mark(self, decisions: tuple, departures: int, requests: list, snapshot) -> None:
+        if snapshot is not None:
+            self._version = snapshot.version
         if decisions:
             self._last_decision = decisions[-1]
         self._departures = departures

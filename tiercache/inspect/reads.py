@@ -50,14 +50,18 @@ class PointReads:
     def reset(self) -> None:
         self._inbuf = FrameBuffer(MAX_QUERY_BYTES)
 
-    def serve(self, sock: socket.socket, wake: socket.socket, feed: Feed, stop: threading.Event) -> bool:
+    def serve(
+        self, sock: socket.socket, wake: socket.socket, feed: Feed, stop: threading.Event, wait: float = WAIT
+    ) -> bool:
+        """One wait (at most `wait` seconds) for the service process's reads, then one batch of answers;
+        False: the service process's end is closed."""
         rest = self._budget.rest()
         if rest > 0:  # over its share of the engine: the service process's reads wait
-            stop.wait(min(rest, WAIT))
+            stop.wait(min(rest, wait))
             return True
         writing = [feed.socket] if feed.pending and feed.socket is not None else []
         try:
-            readable, _, _ = select.select([sock, wake], writing, [], WAIT)
+            readable, _, _ = select.select([sock, wake], writing, [], wait)
         except (OSError, ValueError):  # closed meanwhile
             return False
         if wake in readable:

@@ -14,7 +14,8 @@ The engine's process binds the socket (listener.py: errors name the fix) and kee
 inherits it, with two socketpairs: the feed (feed.py: one Update per publish, sent by the scheduler thread
 without blocking) and explain's point reads. The engine's one thread for the service ("tiercache-inspect")
 answers those reads (reads.py: batched, within `limits.engine_cpu_share` of wall time while the engine's
-other threads run), and watches the process: one that exits unasked is logged with its exit status and
+other threads run), sends what the scheduler recorded after its last publish once it stops stepping
+(Feed.catch_up), and watches the process: one that exits unasked is logged with its exit status and
 started again, its mirror rebuilt from a full Update, up to MAX_RESTARTS times within RESTART_WINDOW; at the
 next exit it is not: the socket is removed, and the error log says the engine runs on without it. The
 service process exits when the engine closes its feed or dies (it watches its parent), so no engine leaves
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # restarts within RESTART_WINDOW; one more exit there, and the service is given up
 RESTART_WINDOW = 60.0  # s
 WATCH = 0.25  # s between two looks at the service process (a look is a syscall: a GIL hand-over)
+CATCH_UP = 0.05  # s without a publish (the engine stopped stepping) before its unsent records are sent
 
 
 class InspectionService:
@@ -214,7 +216,9 @@ class InspectionService:
         looked = time.monotonic()
         try:
             while not self._stop.is_set():
-                alive = reads.serve(self._points, self._wake_r, self._feed, self._stop)
+                wait = CATCH_UP if self._feed.behind() else WATCH
+                alive = reads.serve(self._points, self._wake_r, self._feed, self._stop, wait)
+                self._feed.catch_up(CATCH_UP)
                 if alive and time.monotonic() - looked < WATCH:
                     continue
                 if not alive:
