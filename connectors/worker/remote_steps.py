@@ -52,6 +52,7 @@ from tiercache.remote.format import BAD_MAC, BAD_VALUE, VANISHED, RemoteMiss, Re
 from tiercache.remote.store import open_store
 from tiercache.wire import RemoteCount, RemoteItem
 from tiercache.worker.remote_io import (
+    PendingRow,
     RemoteBlock,
     RemoteWriter,
     batches_of,
@@ -80,7 +81,7 @@ class RemoteSteps:
         self._reported = dict.fromkeys(WRITE_EVENTS + READ_EVENTS, 0)  # totals at the last take_counts
         self._refused = dict.fromkeys(READ_EVENTS, 0)  # blocks whose value was refused, by event
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
-        self.fetch_seconds = dict.fromkeys(FETCH_STAGES, 0.0)  # each stage written by one thread only
+        self.fetch_seconds = dict.fromkeys(FETCH_STAGES, 0.0)  # each stage written by one thread at a time
         self.fetch_bytes = 0
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
@@ -89,6 +90,9 @@ class RemoteSteps:
             if isinstance(got, str):
                 self.not_uploaded += 1
                 logger.warning("tiercache: block %s %s", item.block_hash.hex()[:16], got)
+                continue
+            if isinstance(got, PendingRow):  # a VRAM block still on its way to the host
+                queued += self.writer.offer_pending(item.block_hash, got)
                 continue
             row, checksum = got
             queued += self.writer.offer(item.block_hash, row, checksum)

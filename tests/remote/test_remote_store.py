@@ -250,3 +250,47 @@ def test_on_a_silent_store_reconnect_attempts_are_an_interval_apart(redis_server
     finally:
         os.kill(redis_server.proc.pid, signal.SIGCONT)
         s.close()
+
+
+class _Ready:
+    """A PendingRow's event, on the CPU: done, or failing as a CUDA error would."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+    def synchronize(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_pending_row_is_written_like_a_row_offered_at_once_and_a_failed_copy_costs_its_block(redis_server):
+    """offer_pending (a VRAM block still on its way to the host): the writer waits for it and stores the value
+    offer would have; a copy that failed is one failed write, the others are written, nothing hangs."""
+    from tiercache.worker.remote_io import PendingRow
+
+    ns, keys, data = namespace(model="pending"), hashes(3, salt=60), rows(3, seed=60)
+    s = store(redis_server.url, ns)
+    writer = RemoteWriter(s, max_blocks=8, batch_blocks=8)
+    try:
+        pieces = checksums_of(block_views(data, ns.layout))  # [3, 2, L, 2]
+        assert writer.offer_pending(keys[0], PendingRow(data[0], pieces[0], _Ready(), ns.layout))
+        broken = PendingRow(
+            data[1], pieces[1], _Ready(RuntimeError("CUDA error: an illegal address")), ns.layout
+        )
+        assert writer.offer_pending(keys[1], broken)
+        sums = block_checksum(pieces, ns.layout).tolist()
+        assert writer.offer(keys[2], data[2], tuple(sums[2]))
+        assert writer.flush(5)
+        stats = writer.stats()
+        assert (
+            stats["written"] == 2
+            and stats["write_failures"] == 1
+            and "illegal address" in stats["last_error"]
+        )
+        assert s.exists(keys).found == (True, False, True)
+        got = read_blocks(s, [keys[0], keys[2]])
+        assert all(isinstance(b, RemoteBlock) for b in got)
+        assert torch.equal(got[0].row, data[0]) and torch.equal(got[1].row, data[2])
+    finally:
+        writer.close()
+        s.close()

@@ -101,3 +101,29 @@ def test_uploads_from_vram_slots_are_the_dram_rows_of_the_same_blocks(layout, ch
 def same_sections(a: torch.Tensor, b: torch.Tensor, layout: BlockLayout) -> bool:
     """Two DRAM rows hold the same block (bytes between sections, alignment padding, are no part of it)."""
     return block_views(a.unsqueeze(0), layout).equal(block_views(b.unsqueeze(0), layout))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("checksums", [True, False])
+def test_gpu_vram_uploads_reach_the_host_later_with_the_bytes_of_their_store(checksums):
+    """On a GPU a VRAM block goes up through the upload stream (a PendingRow, nothing waits at upload_rows):
+    its row and checksum are what the same block's DRAM upload gives, even when the step rewrites the slot
+    right after, and a writer encodes it like a row offered at once."""
+    from tiercache.worker.remote_io import PendingRow
+
+    layout = LAYOUTS[1]
+    data, other = random_blocks(layout, 4, seed=5), random_blocks(layout, 4, seed=6)
+    in_dram = worker_with_dram_blocks(layout, checksums)
+    in_dram.store([StoreItem(name(i), DRAM, i, i) for i in range(4)], data)
+    in_vram = TierWorker.create(layout, 4, 2, CODEC, device="cuda", pin=True)
+    if not checksums:
+        in_vram.checksums = None
+    in_vram.store([StoreItem(name(i), VRAM, 3 - i, i) for i in range(4)], data.to("cuda"))
+    got = upload_rows(in_vram, [RemoteItem(name(2), 1, VRAM), RemoteItem(name(0), 3, VRAM)])
+    in_vram.store([StoreItem(name(9 + i), VRAM, i, i) for i in range(4)], other.to("cuda"))  # slots rewritten
+    want = in_dram.dram_rows([RemoteItem(name(i), i) for i in (2, 0)])
+    assert all(isinstance(pending, PendingRow) for pending in got)
+    for pending, (want_row, want_sums) in zip(got, want, strict=True):
+        row, sums = pending.result()
+        assert row.device.type == "cpu" and row.is_pinned() and row.shape == (layout.dram_stride,)
+        assert same_sections(row, want_row, layout) and sums == want_sums

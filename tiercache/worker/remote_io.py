@@ -1,14 +1,17 @@
 """Worker side of the remote tier: write-behind of blocks going up, and verified reads of remote blocks.
 
 Provides:
-    upload_rows(tiers, items) -> list[(row, checksum) | str]   per upload (RemoteItem of VRAM or DRAM), its
-                                         slot's bytes in the DRAM format ([dram_stride] uint8 on the host: a
-                                         DRAM slot's a view, to be copied before the step goes on, as
-                                         RemoteWriter.offer does; a VRAM slot's a copy) and the block checksum
-                                         recorded at its store; a str: the slot does not hold that block.
-                                         DRAM: TierWorker.dram_rows; VRAM: the slots' sections packed into
-                                         DRAM rows on the device, then one copy to the host (on a GPU this
-                                         waits for the work queued before it: the cost of write: through)
+    upload_rows(tiers, items) -> list[(row, checksum) | PendingRow | str]   per upload (RemoteItem of VRAM
+                                         or DRAM), its slot's bytes in the DRAM format ([dram_stride] uint8 on
+                                         the host: a DRAM slot's a view, to be copied before the step goes on,
+                                         as RemoteWriter.offer does; a VRAM slot's a copy) and the block
+                                         checksum recorded at its store; a str: the slot does not hold that
+                                         block. DRAM: TierWorker.dram_rows; VRAM: the slots' sections packed
+                                         into DRAM rows on the device (on the current stream), then copied to
+                                         the host: on a CPU pool at once, on a GPU on the upload stream into
+                                         pinned memory (a PendingRow: nothing waits for the step's work)
+    PendingRow                           a VRAM block's row and piece sums on their way to the host;
+                                         result() -> (row, checksum) waits for them
     RemoteWriter(store, max_blocks, batch_blocks=32)
         offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, encoded now
                                          into a buffer of the store's (new_value; back to it by release once
@@ -16,6 +19,8 @@ Provides:
                                          namespace has a secret, is computed on the writer's thread); False:
                                          the queue is full and the block is dropped (counted, logged once
                                          per burst)
+        offer_pending(block_hash, pending) -> bool   the same for a PendingRow: waited for and encoded on
+                                         the writer's thread
         withdraw(hashes, remove)         these blocks must not stay written: queued ones are skipped (or
                                          removed again if being written now), then remove(hashes) runs (the
                                          disk tier deletes files the scheduler dropped: never one left behind
@@ -60,6 +65,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tiercache.layout import BlockLayout
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, RemoteMiss, encode_value, parse_headers, sign_value
 from tiercache.remote.store import RemoteStore
 from tiercache.wire import DRAM, VRAM, RemoteItem
@@ -107,7 +113,22 @@ def batches_of(blocks: Sequence[RemoteBlock]) -> list[range]:
     return runs
 
 
-Upload = tuple[torch.Tensor, tuple[int, int]] | str  # (row, block checksum), or why the slot is not read
+@dataclass(frozen=True)
+class PendingRow:
+    row: torch.Tensor  # [dram_stride] uint8, pinned host memory, written by the upload stream
+    pieces: torch.Tensor  # [2, L, 2] int64 piece sums recorded at the block's store, pinned, the same
+    ready: torch.cuda.Event  # recorded on the upload stream after both copies
+    layout: BlockLayout
+
+    def result(self) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(row, block checksum), once the copies are done."""
+        self.ready.synchronize()
+        s1, s2 = block_checksum(self.pieces.unsqueeze(0), self.layout)[0].tolist()
+        return self.row, (s1, s2)
+
+
+Upload = tuple[torch.Tensor, tuple[int, int]] | PendingRow | str  # (row, checksum), or why it is not read
+_upload_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def upload_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
@@ -139,12 +160,36 @@ def _vram_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
         pieces = tiers.checksums.get(VRAM, tiers.vram.slot_index(slots))  # [n, 2, L, 2] int64
     else:
         pieces = checksums_of(blocks)
-    sums = iter(zip(staging.cpu(), block_checksum(pieces, layout).tolist(), strict=True))
+    if device.type == "cuda":
+        got = iter(_to_host_later(staging, pieces, layout))
+    else:
+        sums = block_checksum(pieces, layout).tolist()
+        got = iter([(row, (pair[0], pair[1])) for row, pair in zip(staging, sums, strict=True)])
     for i, wrong in enumerate(wrongs):
         if wrong is None:
-            row, pair = next(sums)
-            out[i] = (row, (pair[0], pair[1]))
+            out[i] = next(got)
     return out
+
+
+def _to_host_later(staging: torch.Tensor, pieces: torch.Tensor, layout: BlockLayout) -> list[PendingRow]:
+    """Copies of staging [n, dram_stride] and pieces [n, 2, L, 2] (the current stream's, on a GPU) into
+    pinned host memory on the device's upload stream, after the current stream's work so far; the current
+    stream goes on at once (the two tensors are kept from reuse until the copies are done)."""
+    device = staging.device
+    stream = _upload_streams.get(device)
+    if stream is None:
+        stream = _upload_streams[device] = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        rows = torch.empty(staging.shape, dtype=torch.uint8, pin_memory=True)
+        sums = torch.empty(pieces.shape, dtype=torch.int64, pin_memory=True)
+        rows.copy_(staging, non_blocking=True)
+        sums.copy_(pieces, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+    staging.record_stream(stream)
+    pieces.record_stream(stream)
+    return [PendingRow(rows[i], sums[i], ready, layout) for i in range(rows.shape[0])]
 
 
 class RemoteWriter:
@@ -153,7 +198,7 @@ class RemoteWriter:
             raise ValueError(f"RemoteWriter: max_blocks must be ≥ 1, got {max_blocks}")
         self.store = store
         self.batch_blocks = batch_blocks
-        self._queue: queue.Queue[tuple[bytes, torch.Tensor] | None] = queue.Queue(max_blocks)
+        self._queue: queue.Queue[tuple[bytes, torch.Tensor | PendingRow] | None] = queue.Queue(max_blocks)
         self._stats: Counter[str] = Counter()
         self._last_error = ""
         self._lock = threading.Lock()
@@ -170,19 +215,27 @@ class RemoteWriter:
             return self._drop()
         value = self.store.new_value()
         encode_value(self.store.namespace, block_hash, checksum, row, sign=False, out=value)
-        with self._lock:
-            try:
-                self._queue.put_nowait((block_hash, value))
-            except queue.Full:
-                pass
-            else:
-                self._dropping = False
-                self._pending += 1
-                self._queued[block_hash] += 1
-                self._stats["queued"] += 1
-                return True
+        if self._enqueue(block_hash, value):
+            return True
         self.store.release([value])
         return self._drop()
+
+    def offer_pending(self, block_hash: bytes, pending: PendingRow) -> bool:
+        if self._queue.full() or not self._enqueue(block_hash, pending):
+            return self._drop()
+        return True
+
+    def _enqueue(self, block_hash: bytes, item: torch.Tensor | PendingRow) -> bool:
+        with self._lock:
+            try:
+                self._queue.put_nowait((block_hash, item))
+            except queue.Full:
+                return False
+            self._dropping = False
+            self._pending += 1
+            self._queued[block_hash] += 1
+            self._stats["queued"] += 1
+            return True
 
     def _drop(self) -> bool:
         """A block dropped for a full queue: counted, logged once per burst."""
@@ -236,7 +289,7 @@ class RemoteWriter:
             if item is None:
                 return
 
-    def _write(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
+    def _write(self, batch: list[tuple[bytes, torch.Tensor | PendingRow]]) -> None:
         """One existence call for the batch, then one put of the blocks the store does not hold (withdrawn
         blocks skipped; those withdrawn while being written are removed again)."""
         held = 0
@@ -245,6 +298,7 @@ class RemoteWriter:
         if skipped:
             batch = [item for item in batch if item[0] not in self._withdrawn]
             self._settle(skipped, written=False)
+        batch = self._encode_pending(batch)
         if not batch:
             return
         try:
@@ -270,10 +324,37 @@ class RemoteWriter:
                 self._last_error = reason
         self._settle(batch, written=True)
 
-    def _settle(self, batch: list[tuple[bytes, torch.Tensor]], written: bool) -> None:
+    def _encode_pending(
+        self, batch: list[tuple[bytes, torch.Tensor | PendingRow]]
+    ) -> list[tuple[bytes, torch.Tensor]]:
+        """The batch with each PendingRow's block encoded into a new value of the store's; a block whose copy
+        to the host failed (a CUDA error) is counted as a failed write and settled."""
+        encoded: list[tuple[bytes, torch.Tensor]] = []
+        broken = []
+        for block_hash, item in batch:
+            if isinstance(item, torch.Tensor):
+                encoded.append((block_hash, item))
+                continue
+            try:
+                row, checksum = item.result()
+            except Exception as exc:
+                logger.exception("tiercache: a block's copy to the host for its upload failed")
+                broken.append((block_hash, item))
+                with self._lock:
+                    self._stats["write_failures"] += 1
+                    self._last_error = f"copy to the host raised {exc!r}"
+                continue
+            value = self.store.new_value()
+            encode_value(self.store.namespace, block_hash, checksum, row, sign=False, out=value)
+            encoded.append((block_hash, value))
+        if broken:
+            self._settle(broken, written=False)
+        return encoded
+
+    def _settle(self, batch: list[tuple[bytes, torch.Tensor | PendingRow]], written: bool) -> None:
         """The batch was tried: no longer queued, its values released to the store; written: its blocks
         withdrawn meanwhile are removed."""
-        self.store.release([value for _, value in batch])
+        self.store.release([value for _, value in batch if isinstance(value, torch.Tensor)])
         with self._lock:
             remove = [h for h, _ in batch if h in self._withdrawn] if written else []
         if remove:
