@@ -24,8 +24,9 @@ CPU TierWorker whose DRAM pool holds them all. Each round, in this order:
     tier rewrite          every block dropped, then as many other blocks uploaded and written: into the
                           freed slots (compared with disk overwrite)
     tier read (into DRAM) DiskSteps.fetch of the rewritten blocks (read once, as the disk's file is): read,
-                          header and checksum verified (the next batch read meanwhile), copied into its DRAM
-                          slot, tagged
+                          header checked (the piece checksums' fold; the payload's piece checksums are
+                          recorded for the loads' check, as in an engine, whose tiers keep slot checksums),
+                          the next batch read meanwhile, copied into its DRAM slot, tagged
     tier write (put)      DiskStore.put into another empty tier of values encoded beforehand into the store's
                           own buffers (new_value, as the writer does: the writer thread's call alone, no
                           copies from DRAM, no encoding), READ_BATCH_BYTES of blocks a call
@@ -62,7 +63,7 @@ from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace, encode_value
 from tiercache.units import Size
 from tiercache.wire import RemoteItem
-from tiercache.worker.integrity import block_checksum, checksums_of
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.tier_worker import TierWorker
 
@@ -166,7 +167,6 @@ def run(root: str, args) -> None:
         0, 256, (n, layout.dram_stride), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
     sums = checksums_of(block_views(rows, layout))
-    pairs = block_checksum(sums, layout).tolist()
     size = Size(bytes=HEAD_BYTES + n * (file_bytes(layout) + RECORD_BYTES))  # n slots: a rewrite reuses them
     direct = False if args.buffered else None
     total = n * file_bytes(layout)
@@ -214,8 +214,8 @@ def run(root: str, args) -> None:
         settle()
         store = DiskStore(os.path.join(root, f"put{r}"), namespace, n, direct)
         values = [store.new_value() for _ in range(n)]  # as the writer encodes them: put copies nothing
-        for h, row, pair, value in zip(sets[0], rows, pairs, values, strict=True):
-            encode_value(namespace, h, (pair[0], pair[1]), row, out=value)
+        for h, row, pieces, value in zip(sets[0], rows, sums, values, strict=True):
+            encode_value(namespace, h, pieces, row, out=value)
         start = time.perf_counter()
         for k in range(0, n, per):
             assert store.put(sets[0][k : k + per], values[k : k + per]) is None

@@ -9,7 +9,8 @@ with dpkg -x), and LMCache. The server is started on a free port bound to 127.0.
 without persistence, and stopped at the end. Run from the repository root.
 
 The path is the engine's (tiercache/remote/store.py over LMCache's RESP L2 adapter):
-    put   RemoteWriter.offer of each block (its DRAM row: encode_value copies it behind the 256-byte header)
+    put   RemoteWriter.offer of each block (its DRAM row: encode_value copies it behind the 256-byte header,
+          its piece checksums after it)
           and flush: the write-behind thread stores them in batches of 32 through RemoteStore.put
     get   per batch of --get-batch blocks (one request's fetch): RemoteStore.exists, then read_blocks
           (RemoteStore.get, header checks, the payload's checksum recomputed on the CPU), as
@@ -41,7 +42,7 @@ from tiercache.config_remote import RemoteConfig
 from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace
 from tiercache.remote.store import RemoteStore
-from tiercache.worker.integrity import block_checksum, checksums_of
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
 
@@ -87,8 +88,7 @@ def measure(server: RedisServer, ns: RemoteNamespace, blocks: int, get_batch: in
     """Put then get `blocks` blocks `repeat` times (the store emptied before each put); the median times."""
     g = torch.Generator().manual_seed(0)
     pool = torch.randint(0, 256, (POOL_ROWS, ns.layout.dram_stride), dtype=torch.uint8, generator=g)
-    pieces = checksums_of(block_views(pool, ns.layout))
-    sums = [(int(a), int(b)) for a, b in block_checksum(pieces, ns.layout).tolist()]
+    sums = checksums_of(block_views(pool, ns.layout))
     hashes = [i.to_bytes(4, "little") * 4 for i in range(blocks)]
     batches = [hashes[i : i + get_batch] for i in range(0, blocks, get_batch)]
     store = RemoteStore(RemoteConfig(url=server.url, timeout=60.0), ns)

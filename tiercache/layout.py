@@ -7,6 +7,7 @@ Provides:
         .dram_stride      bytes between DRAM blocks (block_bytes rounded up to 64; block-major storage)
         .sections()       [(name, byte offset in a block, shape per block, dtype name)]
         .blocks_in(bytes, tier) / .bytes_per_token
+        .piece_words      32-bit words of one checksummed piece, keys' and values' (kernels.fold_pieces)
         from_spec(spec, num_layers, num_kv_heads, head_dim, block_size, dtype_bytes)
     tier_capacities(config, layout) -> {tier: blocks}   per rank, from the config's tier sizes
     describe_tiers(capacity, layout, ranks) -> str      each tier's blocks, tokens and bytes per rank and
@@ -86,6 +87,13 @@ class BlockLayout:
     def dram_stride(self) -> int:
         offset = self.sections()[-1][1]
         return _round_up(offset + self.vectors * NORM_BYTES, DRAM_ALIGN)
+
+    @property
+    def piece_words(self) -> tuple[int, int]:
+        """32-bit words of one checksummed piece (one side's, one layer's: its packed bytes in whole words,
+        then one norm per vector) for the keys and the values: kernels.fold_pieces's words."""
+        per = self.block_size * self.num_kv_heads
+        return -(-per * self.k_packed_dim // 4) + per, -(-per * self.v_packed_dim // 4) + per
 
     @property
     def bytes_per_token(self) -> float:

@@ -107,7 +107,7 @@ class DiskSteps(RemoteSteps):
             self.fetch_bytes += sum(v.numel() for v in values if v is not None)
         with self._check_turn:
             check_start = time.perf_counter()
-            checked = check_values(self.store, hashes, values, misses)
+            checked = check_values(self.store, hashes, values, misses, verify=self.verify)
             self.fetch_seconds["check"] += time.perf_counter() - check_start
         return missing, todo, checked
 

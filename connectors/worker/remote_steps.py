@@ -10,12 +10,15 @@ Provides:
                                             DRAM format (copied now: the slot may be reused later in the step;
                                             remote_io.upload_rows) on the bounded write-behind queue; returns
                                             how many were queued (a full queue drops and counts)
-        start_fetch(items) -> PendingFetch  fetch and verify (MAC when a secret is set; header: codec id,
-                                            block hash, size; checksum) on the reader thread, in batches of
-                                            batch_blocks(); .poll() on the caller's thread writes the batches
-                                            read into their DRAM slots and returns, once all are, the blocks
-                                            that were not, with why (None before). Each block on its own: a
-                                            bad value is a miss for its block, the others are served
+        start_fetch(items) -> PendingFetch  fetch and check (MAC when a secret is set; header: codec id,
+                                            block hash, size, the piece checksums' fold; the payload's piece
+                                            checksums on the host only when the tiers keep none: .verify,
+                                            else each load checks them on the device) on the reader thread,
+                                            in batches of batch_blocks(); .poll() on the caller's thread
+                                            writes the batches read into their DRAM slots and returns, once
+                                            all are, the blocks that were not, with why (None before). Each
+                                            block on its own: a bad value is a miss for its block, the
+                                            others are served
         fetch(items) -> dict[bytes, str]    the same, waited for
         take_counts() -> tuple[RemoteCount, ...]   since the last call, for the worker's report (the
                                             scheduler's remote_<event> counters): the writer's outcomes
@@ -83,6 +86,9 @@ class RemoteSteps:
         self.not_uploaded = 0  # uploads whose slot no longer held the block (a bug upstream if ever > 0)
         self.fetch_seconds = dict.fromkeys(FETCH_STAGES, 0.0)  # each stage written by one thread at a time
         self.fetch_bytes = 0
+        # the fetched bytes' piece checksums computed on the host only where no load verifies them: the
+        # worker's tiers record the values' own and check each piece on the device at every load
+        self.verify = tiers.checksums is None
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
         queued = 0
@@ -94,8 +100,8 @@ class RemoteSteps:
             if isinstance(got, PendingRow):  # a VRAM block still on its way to the host
                 queued += self.writer.offer_pending(item.block_hash, got)
                 continue
-            row, checksum = got
-            queued += self.writer.offer(item.block_hash, row, checksum)
+            row, pieces = got
+            queued += self.writer.offer(item.block_hash, row, pieces)
         return queued
 
     def start_fetch(self, items: Sequence[RemoteItem]) -> PendingFetch:
@@ -122,7 +128,7 @@ class RemoteSteps:
         got = time.perf_counter()
         self.fetch_seconds["get"] += got - held
         self.fetch_bytes += sum(v.numel() for v in values if v is not None)
-        checked = check_values(self.store, hashes, values, misses)
+        checked = check_values(self.store, hashes, values, misses, verify=self.verify)
         self.fetch_seconds["check"] += time.perf_counter() - got
         return missing, todo, checked
 

@@ -10,7 +10,7 @@ from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace, encode_value
 from tiercache.remote.secret import RemoteSecret
 from tiercache.remote.store import RemoteStore
-from tiercache.worker.integrity import block_checksum, checksums_of
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
 
 LAYOUT = BlockLayout(num_layers=2, block_size=32, num_kv_heads=2, k_packed_dim=64, v_packed_dim=32)
@@ -42,10 +42,10 @@ def hashes(n: int, salt: int = 0) -> list[bytes]:
 
 
 def values(ns: RemoteNamespace, keys: list[bytes], data: torch.Tensor) -> list[torch.Tensor]:
-    """The encoded values of `data`'s rows under `keys` (with their true checksums; signed when ns has a
-    MAC key)."""
-    sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
-    return [encode_value(ns, h, tuple(s), row) for h, s, row in zip(keys, sums, data, strict=True)]
+    """The encoded values of `data`'s rows under `keys` (with their true piece checksums; signed when ns has
+    a MAC key)."""
+    pieces = checksums_of(block_views(data, ns.layout))
+    return [encode_value(ns, h, p, row) for h, p, row in zip(keys, pieces, data, strict=True)]
 
 
 def redis_key(server, block_hash: bytes, model: str = "") -> bytes:

@@ -134,10 +134,12 @@ def test_several_bad_values_in_calls_of_a_split_get(redis_server):
 
 
 class _Tiers:
-    """What RemoteSteps needs of a TierWorker: fill_dram, recorded."""
+    """What RemoteSteps needs of a TierWorker: fill_dram, recorded; no slot checksums (so the steps check each
+    payload's piece checksums on the host, as for a worker whose loads verify nothing)."""
 
     def __init__(self) -> None:
         self.filled: list[tuple[bytes, torch.Tensor]] = []
+        self.checksums = None
 
     def fill_dram(self, items, rows, sums) -> None:
         self.filled += [(item.block_hash, row.clone()) for item, row in zip(items, rows, strict=True)]

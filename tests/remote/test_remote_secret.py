@@ -2,8 +2,8 @@
 its key's identity, header and bytes; a forged value (recomputed checksum with no MAC, a stale MAC, another
 secret's MAC, a value copied from another model's key) is a miss for its block alone, counted, while the other
 blocks of the fetch are served and the store stays up. Engines with and without a secret never serve each
-other's values; values of the format before MACs keep their keys and stay readable without a secret; the
-secret appears in no repr, message or log line.
+other's values; values of the formats before piece checksums live under other keys, never read; the secret
+appears in no repr, message or log line.
 """
 
 from __future__ import annotations
@@ -40,28 +40,31 @@ def _raw(server, key: bytes) -> bytes:
     return rest[: int(head[1:])]
 
 
-def _checksum(payload: bytes) -> tuple[int, int]:
+def _pieces(payload: bytes) -> torch.Tensor:
+    """[2, L, 2] int64: the piece checksums of a payload (a DRAM row's bytes)."""
     row = torch.frombuffer(bytearray(payload), dtype=torch.uint8)[None]
-    return tuple(block_checksum(checksums_of(block_views(row, LAYOUT)), LAYOUT)[0].tolist())
+    return checksums_of(block_views(row, LAYOUT))[0]
 
 
 def _tampered(value: bytes) -> tuple[bytes, bytearray]:
-    """The payload with one byte changed, and the header with the checksum recomputed for it (what anyone
-    who can write the store can do: the checksum catches corruption, not forgery)."""
-    payload = bytearray(value[HEADER_BYTES:])
+    """The payload with one byte changed and its piece checksums recomputed after it, and the header with
+    their fold (what anyone who can write the store can do: the checksums catch corruption, not forgery)."""
+    payload = bytearray(value[HEADER_BYTES : HEADER_BYTES + LAYOUT.dram_stride])
     payload[7] ^= 0x5A
+    pieces = _pieces(bytes(payload))
     header = bytearray(value[:HEADER_BYTES])
-    struct.pack_into("<qq", header, 24, *_checksum(bytes(payload)))
-    return bytes(payload), header
+    struct.pack_into("<qq", header, 24, *block_checksum(pieces[None], LAYOUT)[0].tolist())
+    return bytes(payload) + pieces.numpy().tobytes(), header
 
 
 def _encoded(ns, block_hash: bytes, payload: bytes) -> bytes:
-    row = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    return encode_value(ns, block_hash, _checksum(payload), row).numpy().tobytes()
+    """payload: the payload, then (ignored) the piece checksums _tampered recomputed."""
+    row = torch.frombuffer(bytearray(payload[: LAYOUT.dram_stride]), dtype=torch.uint8)
+    return encode_value(ns, block_hash, _pieces(row.numpy().tobytes()), row).numpy().tobytes()
 
 
 def _forge(how: str, genuine: bytes, block_hash: bytes, copy_from: bytes) -> bytes:
-    if how == "recomputed checksum, no MAC":  # a plain (version 2) value, as an engine without secret writes
+    if how == "recomputed checksum, no MAC":  # a plain (version 4) value, as an engine without secret writes
         payload, _ = _tampered(genuine)
         return _encoded(namespace(), block_hash, payload)
     if how == "recomputed checksum, stale MAC":
@@ -125,13 +128,13 @@ def test_signed_values_round_trip_through_the_writer(redis_server):
     ns, keys, data = namespace(model="secret-writer"), hashes(4, salt=160), rows(4, seed=160)
     s = store(redis_server.url, ns, secret=_secret())
     writer = RemoteWriter(s, max_blocks=8)
-    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
+    sums = checksums_of(block_views(data, LAYOUT))
     try:
         for h, row, x in zip(keys, data, sums, strict=True):
-            assert writer.offer(h, row, tuple(x))
+            assert writer.offer(h, row, x)
         assert writer.flush(5) and writer.stats()["written"] == 4
         raw = _raw(redis_server, redis_key(redis_server, keys[0]))
-        assert struct.unpack_from("<H", raw, 4)[0] == 3 and raw[224:256] != bytes(32)  # version 3: a MAC
+        assert struct.unpack_from("<H", raw, 4)[0] == 5 and raw[224:256] != bytes(32)  # version 5: a MAC
         got = read_blocks(s, keys)
         assert all(isinstance(b, RemoteBlock) for b in got), got
         assert torch.equal(torch.stack([b.row for b in got]), data)
@@ -162,37 +165,30 @@ def test_engines_with_and_without_a_secret_never_serve_each_others_values(redis_
         signed.close()
 
 
-def _value_before_macs(block_hash: bytes, checksum: tuple[int, int], payload: torch.Tensor) -> bytes:
-    """A value as tiercache wrote it before issue 42 (format version 2), built here from its description."""
-    codec = CODEC.encode()
-    header = bytearray(HEADER_BYTES)
-    struct.pack_into(
-        "<4sHHH6xQqq", header, 0, b"TCRB", 2, len(block_hash), len(codec), LAYOUT.dram_stride, *checksum
-    )
-    header[40 : 40 + len(block_hash)] = block_hash
-    header[104 : 104 + len(codec)] = codec
-    return bytes(header) + payload.numpy().tobytes()
+def test_values_of_the_formats_before_piece_checksums_are_under_other_keys(redis_server, monkeypatch):
+    """A value an engine of format version 2 (no MAC, no piece checksums) wrote is under a key of another
+    salt: an engine of this version never finds it (a miss, never a value parsed in the wrong format)."""
+    from tiercache.remote import format as fmt
 
-
-def test_values_written_before_macs_keep_their_keys_and_stay_readable_without_a_secret(redis_server):
-    ns, keys, data = namespace(model="secret-old"), hashes(3, salt=180), rows(3, seed=180)
+    keys, data = hashes(3, salt=180), rows(3, seed=180)
     lay = LAYOUT
     old_salt_text = (f"v2|{CODEC}|L{lay.num_layers}|B{lay.block_size}|H{lay.num_kv_heads}|"
                      f"K{lay.k_packed_dim}|V{lay.v_packed_dim}|S{lay.dram_stride}")  # fmt: skip
-    assert (
-        VERSION == 2
-        and ns.salt == "tc-" + hashlib.blake2b(old_salt_text.encode(), digest_size=12).hexdigest()
-    )
-    sums = block_checksum(checksums_of(block_views(data, lay)), lay).tolist()
-    old = [_value_before_macs(h, tuple(x), row) for h, x, row in zip(keys, sums, data, strict=True)]
-    assert [v.numpy().tobytes() for v in values(ns, keys, data)] == old  # no secret: the same bytes as before
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "VERSION", 2)
+        m.setitem(fmt._CODEC_MAX, 2, fmt._CODEC_MAX[VERSION])
+        old_ns = namespace(model="secret-old")
+        assert old_ns.salt == "tc-" + hashlib.blake2b(old_salt_text.encode(), digest_size=12).hexdigest()
+        old = store(redis_server.url, old_ns)
+        try:
+            assert old.put(keys, values(old_ns, keys, data)) is None and old.exists(keys).found == (True,) * 3
+        finally:
+            old.close()
+    ns = namespace(model="secret-old")
+    assert VERSION == 4 and ns.salt != old_ns.salt
     s = store(redis_server.url, ns)
     try:
-        assert s.put(keys, [torch.frombuffer(bytearray(v), dtype=torch.uint8) for v in old]) is None
-        got = read_blocks(s, keys)
-        assert all(isinstance(b, RemoteBlock) for b in got) and torch.equal(
-            torch.stack([b.row for b in got]), data
-        )
+        assert s.exists(keys).found == (False,) * 3
     finally:
         s.close()
 
@@ -276,6 +272,8 @@ def test_a_value_refused_for_its_mac_is_counted_by_the_worker(redis_server, capl
     from tiercache.wire import RemoteCount, RemoteItem
 
     class Tiers:
+        checksums = None  # none kept: the steps check payloads on the host
+
         def fill_dram(self, items, rows, sums) -> None:
             self.served = [item.block_hash for item in items]
 

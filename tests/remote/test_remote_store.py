@@ -61,8 +61,11 @@ def test_a_get_larger_than_one_call_is_split_and_stays_in_order(redis_server):
         s.close()
 
 
-@pytest.mark.parametrize("where", ["payload start", "payload end", "header checksum"])
+@pytest.mark.parametrize("where", ["payload start", "payload end", "header checksum", "piece checksums"])
 def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
+    """A changed payload byte is refused by the host check (verify); unverified, the block keeps the value's
+    own piece checksums, which no longer match its bytes: every load's device check refuses it. A changed
+    header checksum or piece checksum is refused either way (they no longer fold alike)."""
     ns, keys, data = namespace(), hashes(2, salt=20), rows(2, seed=20)
     s = store(redis_server.url, ns)
     try:
@@ -70,15 +73,24 @@ def test_corrupted_value_is_a_miss_with_reason(redis_server, where):
         key = redis_key(redis_server, keys[0])
         length = int(redis_server.command(b"STRLEN", key)[1:].strip())
         extra = length - ns.value_bytes  # LMCache's own prefix before our value, if any
-        offset = {"payload start": HEADER_BYTES, "payload end": ns.value_bytes - 1, "header checksum": 30}[
-            where
-        ]
+        offset = {"payload start": HEADER_BYTES, "payload end": ns.pieces_at - 1, "header checksum": 30,
+                  "piece checksums": ns.value_bytes - 5}[where]  # fmt: skip
         old = redis_server.command(b"GETRANGE", key, b"%d" % (extra + offset), b"%d" % (extra + offset))
         flipped = bytes([old.split(b"\r\n")[1][0] ^ 0x10])
         redis_server.command(b"SETRANGE", key, b"%d" % (extra + offset), flipped)
         bad, good = read_blocks(s, keys)
         assert isinstance(bad, RemoteMiss) and bad.kind == BAD_VALUE, bad
-        assert "checksum mismatch" in bad.reason, bad
+        payload = where.startswith("payload")
+        assert ("checksum mismatch" if payload else "corrupted piece checksums") in bad.reason, bad
+        assert isinstance(good, RemoteBlock) and torch.equal(good.row, data[1])
+        unverified, good = read_blocks(s, keys, verify=False)
+        if payload:
+            assert isinstance(unverified, RemoteBlock) and not torch.equal(unverified.row, data[0])
+            truth = checksums_of(block_views(data[:1], ns.layout))[0]
+            assert torch.equal(unverified.pieces, truth)  # the stored block's: the row's bytes fail them
+            assert not torch.equal(checksums_of(block_views(unverified.row[None], ns.layout))[0], truth)
+        else:
+            assert isinstance(unverified, RemoteMiss) and "corrupted piece checksums" in unverified.reason
         assert isinstance(good, RemoteBlock) and torch.equal(good.row, data[1])
     finally:
         s.close()
@@ -119,8 +131,8 @@ def test_store_stopped_is_a_miss_then_reconnects(redis_server):
         assert time.monotonic() - start < 0.1
         values, reasons = s.get(keys[:1])
         assert values == [None] and reasons[0].kind == DOWN and "down" in reasons[0].reason
-        sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
-        assert writer.offer(keys[1], data[1], tuple(sums[1]))
+        sums = checksums_of(block_views(data, ns.layout))
+        assert writer.offer(keys[1], data[1], sums[1])
         assert writer.flush(5)
         assert writer.stats()["write_failures"] == 1 and writer.stats().get("written", 0) == 0
 
@@ -129,7 +141,7 @@ def test_store_stopped_is_a_miss_then_reconnects(redis_server):
         while s.exists(keys).reason is not None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert s.up, s.reason
-        assert writer.offer(keys[2], data[2], tuple(sums[2]))
+        assert writer.offer(keys[2], data[2], sums[2])
         assert writer.flush(5) and writer.stats()["written"] == 1
         assert s.exists(keys).found == (False, False, True)
         (block,) = read_blocks(s, keys[2:])
@@ -171,10 +183,10 @@ def test_full_write_queue_drops_and_counts(redis_server):
     ns, keys, data = namespace(model="queue"), hashes(10, salt=50), rows(10, seed=50)
     s = store(redis_server.url, ns)
     writer = RemoteWriter(s, max_blocks=2, batch_blocks=1)
-    sums = block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()
+    sums = checksums_of(block_views(data, ns.layout))
     try:
         with s._put_lock:  # the store is busy: the writer thread holds at most one block, the queue two
-            accepted = [writer.offer(h, row, tuple(x)) for h, row, x in zip(keys, data, sums, strict=True)]
+            accepted = [writer.offer(h, row, x) for h, row, x in zip(keys, data, sums, strict=True)]
         assert 2 <= sum(accepted) <= 3 and accepted[:2] == [True, True]
         assert writer.stats()["dropped_full"] == accepted.count(False)
         assert writer.flush(5)
@@ -191,7 +203,7 @@ def test_the_writer_asks_once_per_batch_and_skips_blocks_the_store_holds(redis_s
     store refused their value (a reader found it bad): that one is written over."""
     ns, keys, data = namespace(model="once"), hashes(4, salt=70), rows(4, seed=70)
     s = store(redis_server.url, ns)
-    sums = [tuple(x) for x in block_checksum(checksums_of(block_views(data, ns.layout)), ns.layout).tolist()]
+    sums = checksums_of(block_views(data, ns.layout))
     asked: list[list[bytes]] = []
     gate = threading.Event()
     real_exists = s.exists
@@ -273,13 +285,10 @@ def test_a_pending_row_is_written_like_a_row_offered_at_once_and_a_failed_copy_c
     writer = RemoteWriter(s, max_blocks=8, batch_blocks=8)
     try:
         pieces = checksums_of(block_views(data, ns.layout))  # [3, 2, L, 2]
-        assert writer.offer_pending(keys[0], PendingRow(data[0], pieces[0], _Ready(), ns.layout))
-        broken = PendingRow(
-            data[1], pieces[1], _Ready(RuntimeError("CUDA error: an illegal address")), ns.layout
-        )
+        assert writer.offer_pending(keys[0], PendingRow(data[0], pieces[0], _Ready()))
+        broken = PendingRow(data[1], pieces[1], _Ready(RuntimeError("CUDA error: an illegal address")))
         assert writer.offer_pending(keys[1], broken)
-        sums = block_checksum(pieces, ns.layout).tolist()
-        assert writer.offer(keys[2], data[2], tuple(sums[2]))
+        assert writer.offer(keys[2], data[2], pieces[2])
         assert writer.flush(5)
         stats = writer.stats()
         assert (

@@ -13,7 +13,7 @@ from tiercache.disk.segments import segment_name
 from tiercache.disk.store import DiskStore
 from tiercache.layout import BlockLayout
 from tiercache.remote.format import RemoteNamespace
-from tiercache.worker.integrity import block_checksum, checksums_of
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteWriter
 
@@ -31,9 +31,9 @@ def rows(n: int, seed: int = 0) -> torch.Tensor:
 
 def write(store: DiskStore, hashes: list[bytes], data: torch.Tensor, batch: int = 4) -> RemoteWriter:
     writer = RemoteWriter(store, max_blocks=64, batch_blocks=batch)
-    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
-    for h, row, (s1, s2) in zip(hashes, data, sums, strict=True):
-        assert writer.offer(h, row, (s1, s2))
+    pieces = checksums_of(block_views(data, LAYOUT))
+    for h, row, p in zip(hashes, data, pieces, strict=True):
+        assert writer.offer(h, row, p)
     assert writer.flush(30)
     return writer
 

@@ -21,7 +21,7 @@ from tiercache.disk.store import DiskStore
 from tiercache.errors import ConfigError
 from tiercache.remote.format import BAD_VALUE, DOWN, VANISHED, RemoteMiss, encode_value
 from tiercache.wire import DRAM
-from tiercache.worker.integrity import block_checksum, checksums_of
+from tiercache.worker.integrity import checksums_of
 from tiercache.worker.pools import block_views
 from tiercache.worker.remote_io import RemoteBlock, RemoteWriter, read_blocks
 
@@ -101,8 +101,9 @@ def test_withdrawn_blocks_leave_nothing_on_disk(tmp_path):
     writer = RemoteWriter(store, max_blocks=256, batch_blocks=8)
     hashes = [i.to_bytes(2, "little") * 8 for i in range(64)]
     data = rows(64)
-    for h, row in zip(hashes, data, strict=True):
-        writer.offer(h, row, (0, 0))
+    pieces = checksums_of(block_views(data, LAYOUT))
+    for h, row, p in zip(hashes, data, pieces, strict=True):
+        writer.offer(h, row, p)
     writer.withdraw(hashes[::2], store.remove)
     assert writer.flush(30)
     assert {e.block_hash for e in scan(store.directory)} == set(hashes[1::2])
@@ -196,19 +197,25 @@ def test_a_file_as_path_and_a_size_below_one_block_are_refused(tmp_path):
     assert disk_blocks(config(tmp_path, size=f"{least}B"), LAYOUT) == 1
 
 
-def test_disk_steps_write_dram_slots_and_read_them_back_in_bounded_batches(tmp_path, monkeypatch):
+@pytest.mark.parametrize("verify", [False, True])
+def test_disk_steps_write_dram_slots_and_read_them_back_in_bounded_batches(tmp_path, monkeypatch, verify):
     """The worker's disk steps on a real TierWorker (CPU): DRAM slots written to disk, then read back into
-    other slots a few blocks at a time (the read buffers reused), byte-exact and tagged; a corrupted slot and
-    one past the end of its cut segment file are misses of their blocks only, and a dropped block is gone."""
+    other slots a few blocks at a time (the read buffers reused), byte-exact and tagged; a slot past the end
+    of its cut segment file is a miss of its block only, and a dropped block is gone. A corrupted slot: with
+    verify (a worker whose loads check nothing) a miss at the read; without (the worker's tiers keep slot
+    checksums: the default), filled into DRAM with the piece checksums it was written with, and refused by
+    the load's check."""
     from tiercache.config_disk import DiskConfig
     from tiercache.connectors.worker import disk_steps
     from tiercache.units import Size
-    from tiercache.wire import RemoteItem
+    from tiercache.wire import LoadItem, RemoteItem
     from tiercache.worker.tier_worker import TierWorker
 
     monkeypatch.setattr(disk_steps, "READ_BATCH_BYTES", 2 * file_bytes(LAYOUT))
     tiers = TierWorker.create(LAYOUT, 2, 16, "codec-a", device="cpu")
     steps = disk_steps.DiskSteps(DiskConfig(str(tmp_path), Size(bytes=2**24)), namespace(), tiers)
+    assert steps.verify is False  # the tiers verify every load
+    steps.verify = verify
     reserved = steps.store.values.held  # the write queue's values, allocated at start
     assert reserved >= 256 + steps.writer.batch_blocks
     hashes = [bytes([i]) * 16 for i in range(5)]
@@ -225,14 +232,22 @@ def test_disk_steps_write_dram_slots_and_read_them_back_in_bounded_batches(tmp_p
     path, at = where(steps.store.directory, hashes[4])  # the highest slot
     os.truncate(path, at + file_bytes(LAYOUT) // 3)
     failed = steps.fetch([RemoteItem(h, 8 + i) for i, h in enumerate(hashes)])
-    assert list(failed) == [hashes[3], hashes[4]] and "checksum mismatch" in failed[hashes[3]]
     assert "truncated" in failed[hashes[4]]
     for i, h in enumerate(hashes):
         if i < 3:
             assert torch.equal(tiers.dram.buffer[8 + i], data[i]) and tiers.tags.tag(DRAM, 8 + i)[0] == h
+    if verify:
+        assert list(failed) == [hashes[3], hashes[4]] and "checksum mismatch" in failed[hashes[3]]
+    else:
+        assert list(failed) == [hashes[4]]
+        items = [LoadItem(hashes[2], DRAM, 10, 0), LoadItem(hashes[3], DRAM, 11, 1)]
+        refused = tiers.verify(items, tiers.load(items))
+        assert refused[0] is None and "checksum" in refused[1], refused
     steps.drop(hashes[:2])
-    assert {e.block_hash for e in scan(steps.store.directory)} == {hashes[2]}  # refused blocks freed
-    assert dict((c.event, c.blocks) for c in steps.take_counts()) == {"written": 5, "bad_values": 2}
+    left = {hashes[2]} if verify else {hashes[2], hashes[3]}  # blocks refused at the read are freed
+    assert {e.block_hash for e in scan(steps.store.directory)} == left
+    refusals = 2 if verify else 1
+    assert dict((c.event, c.blocks) for c in steps.take_counts()) == {"written": 5, "bad_values": refusals}
     steps.close()
 
 
@@ -286,8 +301,8 @@ def test_the_writer_reuses_its_value_buffers_and_slots_stay_exact(tmp_path, dire
             content = f.read(file_bytes(LAYOUT))
         assert len(content) == file_bytes(LAYOUT) and not any(content[namespace().value_bytes :])
     full = RemoteWriter(store, max_blocks=1, batch_blocks=1)
-    sums = block_checksum(checksums_of(block_views(data[:1], LAYOUT)), LAYOUT).tolist()[0]
-    offered = [full.offer(bytes([9, i]) * 8, data[0], (sums[0], sums[1])) for i in range(50)]
+    pieces = checksums_of(block_views(data[:1], LAYOUT))[0]
+    offered = [full.offer(bytes([9, i]) * 8, data[0], pieces) for i in range(50)]
     assert full.flush(30) and full.stats()["dropped_full"] == offered.count(False)  # a queue of one: some
     full.close()
     assert store.values.free == store.values.held  # every buffer back, the dropped ones included
@@ -300,8 +315,8 @@ def test_values_not_from_the_store_are_staged_and_written_exact(tmp_path, direct
     store = DiskStore(str(tmp_path), namespace(), SLOTS, direct=direct)
     hashes = [bytes([7, i]) * 8 for i in range(20)]
     data = rows(20, seed=4)
-    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()
-    values = [encode_value(namespace(), h, tuple(s), r) for h, r, s in zip(hashes, data, sums, strict=True)]
+    sums = checksums_of(block_views(data, LAYOUT))
+    values = [encode_value(namespace(), h, s, r) for h, r, s in zip(hashes, data, sums, strict=True)]
     store._run_slots = 3  # several runs a put: several staging buffers at once
     assert store.put(hashes, values) is None
     got = read_blocks(store, hashes)
@@ -327,9 +342,9 @@ def test_close_waits_for_a_write_in_flight_and_later_calls_fail_counted(tmp_path
 
     monkeypatch.setattr(store._segments, "write", slow_write)
     data = rows(1)
-    sums = block_checksum(checksums_of(block_views(data, LAYOUT)), LAYOUT).tolist()[0]
+    pieces = checksums_of(block_views(data, LAYOUT))[0]
     value = store.new_value()
-    encode_value(namespace(), b"w" * 16, (sums[0], sums[1]), data[0], out=value)
+    encode_value(namespace(), b"w" * 16, pieces, data[0], out=value)
     put = threading.Thread(target=lambda: store.put([b"w" * 16], [value]))
     put.start()
     assert writing.wait(10)

@@ -31,7 +31,7 @@ from tiercache.disk.direct import ALIGN
 from tiercache.disk.index import HEAD_BYTES, INDEX_NAME, RECORD_BYTES, Entry, read_index
 from tiercache.errors import ConfigError
 from tiercache.layout import BlockLayout
-from tiercache.remote.format import HEADER_BYTES
+from tiercache.remote.format import value_bytes
 
 OLD_SUFFIX = ".blk"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -45,7 +45,7 @@ def block_dir(root: str, namespace) -> str:
 
 
 def file_bytes(layout: BlockLayout) -> int:
-    return -(-(HEADER_BYTES + layout.dram_stride) // ALIGN) * ALIGN
+    return -(-value_bytes(layout) // ALIGN) * ALIGN
 
 
 def disk_slots(disk, layout: BlockLayout, source: str = "") -> int:

@@ -5,10 +5,11 @@ Provides:
     RemoteNamespace(model, codec_id, layout, rank, mac=None)   who may read a value: fields (model_name,
                                       salt: the LMCache key's cache_salt), value_bytes; mac: the RemoteSecret
                                       that signs and checks values (None: values carry no MAC)
-    encode_value(namespace, block_hash, checksum, payload, sign=True, out=None) -> the value: [HEADER_BYTES +
-                                      stride] uint8 (`out`, written in place, or a new tensor)
+    encode_value(namespace, block_hash, pieces, payload, sign=True, out=None) -> the value: [value_bytes]
+                                      uint8 (`out`, written in place, or a new tensor); pieces: the
+                                      payload's piece checksums [2, L, 2] int64 (integrity.checksums_of)
     sign_value(namespace, value)      write the MAC of an encode_value(…, sign=False) value (in place)
-    parse_header(value, namespace, block_hash) -> (checksum, payload) | RemoteMiss
+    parse_header(value, namespace, block_hash) -> (checksum, pieces, payload) | RemoteMiss
     parse_headers(values, namespace, hashes) -> list of the same   a batch: its MACs checked on up to
                                       MAX_THREADS threads of kernels.checksum_host.host_threads when it
                                       holds PARALLEL_BYTES or more (hashlib releases the GIL while it
@@ -16,7 +17,8 @@ Provides:
     RemoteMiss(kind, reason)          why a block's value is not served; kinds: DOWN (no value: the store is
                                       down or failed), VANISHED (the key went away after the lookup),
                                       BAD_VALUE (empty, of another size, wrong header or checksum), BAD_MAC
-    HEADER_BYTES (256), MAGIC, VERSION (2: no MAC), VERSION_MAC (3: a MAC)
+    value_bytes(layout)               bytes of one value of this layout (RemoteNamespace.value_bytes)
+    HEADER_BYTES (256), MAGIC, VERSION (4: no MAC), VERSION_MAC (5: a MAC)
 
 Key: model name, this rank (tensor-parallel shard), the block hash, and a salt naming the format version, the
 codec id and the layout (blake2b of them): engines with another model, codec or layout ask for other keys and
@@ -24,16 +26,22 @@ never read these values; engines with a secret and without one ask for other key
 Value (little-endian):
     [0:4]  MAGIC b"TCRB"     [4:6]  version          [6:8]  len(block_hash)    [8:10] len(codec_id utf-8)
     [16:24] payload bytes    [24:40] checksum (two int64: the block's, tiercache.kernels.fold_pieces of its
-                             piece checksums — version 1 summed the block's words in section order)
+                             piece checksums)
     [40:104] block hash (≤ 64 bytes, zero padded)
-    version 2 (no MAC):  [104:256] codec id (≤ 152 bytes, zero padded)
-    version 3 (MAC):     [104:224] codec id (≤ 120 bytes, zero padded)   [224:256] MAC
-    [256:]  the block's bytes exactly as the DRAM tier holds them (BlockLayout.dram_stride bytes)
+    version 4 (no MAC):  [104:256] codec id (≤ 152 bytes, zero padded)
+    version 5 (MAC):     [104:224] codec id (≤ 120 bytes, zero padded)   [224:256] MAC
+    [256:256 + stride]   the block's bytes exactly as the DRAM tier holds them (BlockLayout.dram_stride bytes)
+    [256 + stride:]      its piece checksums, [2, L, 2] int64 (32 bytes a layer): what the DRAM tier records
+                         for the block, so that a reader whose loads verify every piece on the device (the
+                         connector's workers) fills its DRAM slots without a host pass over the bytes; the
+                         header's checksum is their fold (checked when parsed)
+Versions 2 and 3 (2026-11) carried no piece checksums; their keys' salt names their version, so engines of
+this one never ask for them (a miss, never a value read in the wrong format).
 MAC: HMAC-SHA-256 under the secret of the key's identity (model name, rank, salt: a value copied under another
-model's or rank's key fails), the header's first 224 bytes (block hash, codec, sizes, checksum) and the
-payload. A reader with a secret refuses version 2 values, one without refuses version 3 values: the version
-says whether a MAC is present, and each engine serves only what its own configuration can vouch for. Version 2
-values written before MACs existed keep their keys and stay readable by engines without a secret.
+model's or rank's key fails), the header's first 224 bytes (block hash, codec, sizes, checksum), the
+payload and the piece checksums. A reader with a secret refuses version 4 values, one without refuses
+version 5 values: the version says whether a MAC is present, and each engine serves only what its own
+configuration can vouch for.
 The header is fixed so that a reader knows a value's size before fetching it (LMCache loads into buffers of a
 given size); a value of another size fails to load, and so is a miss.
 """
@@ -49,13 +57,14 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from tiercache.kernels import fold_pieces
 from tiercache.kernels.checksum_host import MAX_THREADS, PARALLEL_BYTES, host_threads
 from tiercache.layout import BlockLayout
 from tiercache.remote.secret import RemoteSecret
 
 MAGIC = b"TCRB"
-VERSION = 2  # no MAC
-VERSION_MAC = 3  # a keyed MAC at [_MAC_AT:HEADER_BYTES]
+VERSION = 4  # no MAC
+VERSION_MAC = 5  # a keyed MAC at [_MAC_AT:HEADER_BYTES]
 HEADER_BYTES = 256
 DOWN, VANISHED, BAD_VALUE, BAD_MAC = "down", "vanished", "bad_value", "bad_mac"
 _FIXED = struct.Struct("<4sHHH6xQqq")  # magic, version, hash len, codec len, pad, payload len, s1, s2
@@ -110,24 +119,41 @@ class RemoteNamespace:
         return _MAC_DOMAIN + b"".join(struct.pack("<I", len(p)) + p for p in parts)
 
     @property
-    def value_bytes(self) -> int:
+    def pieces_at(self) -> int:
+        """Where a value's piece checksums start: after the header and the payload."""
         return HEADER_BYTES + self.layout.dram_stride
+
+    @property
+    def value_bytes(self) -> int:
+        return value_bytes(self.layout)
+
+
+def value_bytes(layout: BlockLayout) -> int:
+    """Bytes of one value: the header, the payload, the piece checksums ([2, L, 2] int64)."""
+    return HEADER_BYTES + layout.dram_stride + 32 * layout.num_layers
 
 
 def encode_value(
     namespace: RemoteNamespace,
     block_hash: bytes,
-    checksum: tuple[int, int],
+    pieces: torch.Tensor,
     payload: torch.Tensor,
     sign: bool = True,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """payload: [dram_stride] uint8 (a DRAM row). Returns the value, a [value_bytes] uint8 CPU tensor: `out`
-    (written in place) or a new one. With a MAC key and sign=False the MAC is left zero, for sign_value to
-    write later (off the caller's thread)."""
-    stride = namespace.layout.dram_stride
+    """payload: [dram_stride] uint8 (a DRAM row); pieces: its piece checksums, [2, L, 2] int64 (those the
+    DRAM tier recorded at its store). Returns the value, a [value_bytes] uint8 CPU tensor: `out` (written in
+    place) or a new one. With a MAC key and sign=False the MAC is left zero, for sign_value to write later
+    (off the caller's thread)."""
+    layout = namespace.layout
+    stride = layout.dram_stride
     if payload.dtype != torch.uint8 or payload.shape != (stride,):
         raise ValueError(f"payload must be uint8 [{stride}], got {payload.dtype} {list(payload.shape)}")
+    if pieces.dtype != torch.int64 or pieces.shape != (2, layout.num_layers, 2):
+        got = f"{pieces.dtype} {list(pieces.shape)}"
+        raise ValueError(f"pieces must be int64 [2, {layout.num_layers}, 2], got {got}")
+    pieces = pieces.cpu()
+    checksum = fold_pieces(pieces.unsqueeze(0), layout.piece_words)[0].tolist()
     if len(block_hash) > _HASH_MAX:
         raise ValueError(f"block hash longer than {_HASH_MAX} bytes: {len(block_hash)}")
     codec = namespace.codec_id.encode()
@@ -143,7 +169,8 @@ def encode_value(
     # for a 0.8 MB block instead of 0.1-0.4: benchmarks/RESULTS.md)
     out_bytes = value.numpy()
     out_bytes[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
-    out_bytes[HEADER_BYTES:] = payload.cpu().numpy()
+    out_bytes[HEADER_BYTES : namespace.pieces_at] = payload.cpu().numpy()
+    out_bytes[namespace.pieces_at :] = pieces.contiguous().numpy().view(np.uint8).reshape(-1)
     if sign and namespace.mac is not None:
         sign_value(namespace, value)
     return value
@@ -158,7 +185,7 @@ def sign_value(namespace: RemoteNamespace, value: torch.Tensor) -> None:
 
 def parse_headers(
     values: Sequence[torch.Tensor], namespace: RemoteNamespace, hashes: Sequence[bytes]
-) -> list[tuple[tuple[int, int], torch.Tensor] | RemoteMiss]:
+) -> list[tuple[tuple[int, int], torch.Tensor, torch.Tensor] | RemoteMiss]:
     """parse_header of each value (the MACs of a large batch computed on threads first)."""
     workers = min(torch.get_num_threads(), MAX_THREADS, len(values))
     macs: Sequence[bool | None] = [None] * len(values)
@@ -169,11 +196,12 @@ def parse_headers(
 
 def parse_header(
     value: torch.Tensor, namespace: RemoteNamespace, block_hash: bytes, mac_ok: bool | None = None
-) -> tuple[tuple[int, int], torch.Tensor] | RemoteMiss:
-    """((s1, s2), payload view [dram_stride] uint8) when the value is of this namespace's size, signed as it
-    requires (its MAC checked first, before any field is trusted) and its header names this block, codec and
-    size; else why not. The payload's checksum is the reader's to verify. mac_ok: the MAC's check when
-    already made (parse_headers)."""
+) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor] | RemoteMiss:
+    """((s1, s2), pieces [2, L, 2] int64 (a copy), payload view [dram_stride] uint8) when the value is of this
+    namespace's size, signed as it requires (its MAC checked first, before any field is trusted), its header
+    names this block, codec and size and its piece checksums fold to the header's; else why not. Whether the
+    payload has those piece checksums is the reader's to verify (on the host, or on the device at each load).
+    mac_ok: the MAC's check when already made (parse_headers)."""
     if value.numel() != namespace.value_bytes:
         return RemoteMiss(BAD_VALUE, f"value is {value.numel()} bytes, expected {namespace.value_bytes}")
     data = value.numpy()
@@ -200,7 +228,12 @@ def parse_header(
         return RemoteMiss(
             BAD_VALUE, f"payload is {size} bytes, this layout's blocks are {namespace.layout.dram_stride}"
         )
-    return (s1, s2), value[HEADER_BYTES:]
+    layers = namespace.layout.num_layers
+    pieces = torch.from_numpy(data[namespace.pieces_at :].copy().view(np.int64).reshape(2, layers, 2))
+    folded = tuple(fold_pieces(pieces.unsqueeze(0), namespace.layout.piece_words)[0].tolist())
+    if folded != (s1, s2):
+        return RemoteMiss(BAD_VALUE, "corrupted piece checksums: they do not fold to the header's checksum")
+    return (s1, s2), pieces, value[HEADER_BYTES : namespace.pieces_at]
 
 
 def _mac_refusal(
@@ -229,6 +262,7 @@ def _mac_ok(namespace: RemoteNamespace, value: torch.Tensor) -> bool | None:
 
 
 def _mac_parts(namespace: RemoteNamespace, data) -> tuple[bytes, memoryview, memoryview]:
-    """What a value's MAC covers: the key's identity, the header before the MAC, the payload (no copies)."""
+    """What a value's MAC covers: the key's identity, the header before the MAC, the payload and the piece
+    checksums (no copies)."""
     view = memoryview(data)
     return namespace.mac_context, view[:_MAC_AT], view[HEADER_BYTES:]

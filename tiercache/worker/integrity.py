@@ -52,9 +52,7 @@ def checksums_of(blocks: KVBlocks, ids: torch.Tensor | None = None) -> torch.Ten
 
 def block_checksum(sums: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """[n, 2, L, 2] piece sums of blocks in this layout → [n, 2] int64 on the host."""
-    bs, h = layout.block_size, layout.num_kv_heads
-    words = [-(-bs * h * p // 4) + bs * h for p in (layout.k_packed_dim, layout.v_packed_dim)]  # piece_words
-    return fold_pieces(sums, words)
+    return fold_pieces(sums, layout.piece_words)
 
 
 def slot_checksum_bytes(num_layers: int) -> int:

@@ -1,19 +1,20 @@
 """Worker side of the remote tier: write-behind of blocks going up, and verified reads of remote blocks.
 
 Provides:
-    upload_rows(tiers, items) -> list[(row, checksum) | PendingRow | str]   per upload (RemoteItem of VRAM
+    upload_rows(tiers, items) -> list[(row, pieces) | PendingRow | str]   per upload (RemoteItem of VRAM
                                          or DRAM), its slot's bytes in the DRAM format ([dram_stride] uint8 on
                                          the host: a DRAM slot's a view, to be copied before the step goes on,
-                                         as RemoteWriter.offer does; a VRAM slot's a copy) and the block
-                                         checksum recorded at its store; a str: the slot does not hold that
-                                         block. DRAM: TierWorker.dram_rows; VRAM: the slots' sections packed
-                                         into DRAM rows on the device (on the current stream), then copied to
-                                         the host: on a CPU pool at once, on a GPU on the upload stream into
-                                         pinned memory (a PendingRow: nothing waits for the step's work)
+                                         as RemoteWriter.offer does; a VRAM slot's a copy) and the piece
+                                         checksums recorded at its store ([2, L, 2] int64 on the host); a
+                                         str: the slot does not hold that block. DRAM: TierWorker.dram_rows;
+                                         VRAM: the slots' sections packed into DRAM rows on the device (on
+                                         the current stream), then copied to the host: on a CPU pool at once,
+                                         on a GPU on the upload stream into pinned memory (a PendingRow:
+                                         nothing waits for the step's work)
     PendingRow                           a VRAM block's row and piece sums on their way to the host;
-                                         result() -> (row, checksum) waits for them
+                                         result() -> (row, pieces) waits for them
     RemoteWriter(store, max_blocks, batch_blocks=32)
-        offer(block_hash, row, checksum) -> bool   queue one block (row: [dram_stride] uint8, encoded now
+        offer(block_hash, row, pieces) -> bool   queue one block (row: [dram_stride] uint8, encoded now
                                          into a buffer of the store's (new_value; back to it by release once
                                          tried), so its slot may be reused at once; its MAC, when the store's
                                          namespace has a secret, is computed on the writer's thread); False:
@@ -29,11 +30,13 @@ Provides:
         stats() -> dict                  queued, written, already_stored, dropped_full, write_failures,
                                          last_error
         close()
-    check_values(store, hashes, values, misses) -> the same, for values store.get already answered
-    read_blocks(store, hashes) -> list[RemoteBlock | RemoteMiss]   fetch values and check each: size, MAC
-                                         (when a secret is set: before anything else of the value is
-                                         trusted), header (codec id, block hash, size) and the payload's
-                                         checksum; a RemoteMiss says why the block is a miss, and of what kind
+    check_values(store, hashes, values, misses, verify=True) -> the same, for values store.get answered
+    read_blocks(store, hashes, verify=True) -> list[RemoteBlock | RemoteMiss]   fetch values and check each:
+                                         size, MAC (when a secret is set: before anything else of the value
+                                         is trusted), header (codec id, block hash, size, the piece
+                                         checksums' fold) and, with verify, the payload's piece checksums
+                                         (on the host: without, a load's device pass checks them); a
+                                         RemoteMiss says why the block is a miss, and of what kind
                                          (format.py): each block is served or refused on its own
     RemoteBlock                          row [dram_stride] uint8 (DRAM format), checksum (s1, s2): the
                                          block's (integrity.block_checksum), pieces [2, L, 2] int64: its
@@ -45,7 +48,7 @@ A read's values arrive in get calls whose values are rows of one buffer; read_bl
 as one strided view (header stripped, no copy) and keeps it as the blocks' batch, so that the fetch copies
 each block once, into its DRAM slot.
 
-The queue is bounded (max_blocks values of HEADER_BYTES + dram_stride bytes each); one daemon thread drains
+The queue is bounded (max_blocks values of RemoteNamespace.value_bytes each); one daemon thread drains
 it in batches of up to batch_blocks: one RemoteStore.exists call for the batch, then RemoteStore.put of the
 blocks the store does not hold yet or holds a refused value of (RemoteStore.refused); the others are counted
 as already_stored, not written again: engines sharing a store write a common prefix once. Timeouts and
@@ -65,7 +68,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tiercache.layout import BlockLayout
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, RemoteMiss, encode_value, parse_headers, sign_value
 from tiercache.remote.store import RemoteStore
 from tiercache.wire import DRAM, VRAM, RemoteItem
@@ -118,16 +120,14 @@ class PendingRow:
     row: torch.Tensor  # [dram_stride] uint8, pinned host memory, written by the upload stream
     pieces: torch.Tensor  # [2, L, 2] int64 piece sums recorded at the block's store, pinned, the same
     ready: torch.cuda.Event  # recorded on the upload stream after both copies
-    layout: BlockLayout
 
-    def result(self) -> tuple[torch.Tensor, tuple[int, int]]:
-        """(row, block checksum), once the copies are done."""
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, pieces), once the copies are done."""
         self.ready.synchronize()
-        s1, s2 = block_checksum(self.pieces.unsqueeze(0), self.layout)[0].tolist()
-        return self.row, (s1, s2)
+        return self.row, self.pieces
 
 
-Upload = tuple[torch.Tensor, tuple[int, int]] | PendingRow | str  # (row, checksum), or why it is not read
+Upload = tuple[torch.Tensor, torch.Tensor] | PendingRow | str  # (row, pieces), or why it is not read
 _upload_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -143,8 +143,8 @@ def upload_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
 
 
 def _vram_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
-    """VRAM slots' blocks as DRAM rows, with the checksums recorded at their stores (of the bytes read, when
-    checksums are off); an item whose slot does not hold its block (tag) is not read."""
+    """VRAM slots' blocks as DRAM rows, with the piece checksums recorded at their stores (of the bytes read,
+    when checksums are off); an item whose slot does not hold its block (tag) is not read."""
     wrongs = [tiers.tags.refusal(VRAM, item.slot, item.block_hash, tiers.codec_id) for item in items]
     out: list[Upload] = [f"not uploaded: {wrong}" for wrong in wrongs]
     slots = [item.slot for item, wrong in zip(items, wrongs, strict=True) if wrong is None]
@@ -161,17 +161,16 @@ def _vram_rows(tiers: TierWorker, items: Sequence[RemoteItem]) -> list[Upload]:
     else:
         pieces = checksums_of(blocks)
     if device.type == "cuda":
-        got = iter(_to_host_later(staging, pieces, layout))
+        got = iter(_to_host_later(staging, pieces))
     else:
-        sums = block_checksum(pieces, layout).tolist()
-        got = iter([(row, (pair[0], pair[1])) for row, pair in zip(staging, sums, strict=True)])
+        got = iter(zip(staging, pieces.cpu(), strict=True))
     for i, wrong in enumerate(wrongs):
         if wrong is None:
             out[i] = next(got)
     return out
 
 
-def _to_host_later(staging: torch.Tensor, pieces: torch.Tensor, layout: BlockLayout) -> list[PendingRow]:
+def _to_host_later(staging: torch.Tensor, pieces: torch.Tensor) -> list[PendingRow]:
     """Copies of staging [n, dram_stride] and pieces [n, 2, L, 2] (the current stream's, on a GPU) into
     pinned host memory on the device's upload stream, after the current stream's work so far; the current
     stream goes on at once (the two tensors are kept from reuse until the copies are done)."""
@@ -189,7 +188,7 @@ def _to_host_later(staging: torch.Tensor, pieces: torch.Tensor, layout: BlockLay
         ready.record(stream)
     staging.record_stream(stream)
     pieces.record_stream(stream)
-    return [PendingRow(rows[i], sums[i], ready, layout) for i in range(rows.shape[0])]
+    return [PendingRow(rows[i], sums[i], ready) for i in range(rows.shape[0])]
 
 
 class RemoteWriter:
@@ -210,11 +209,11 @@ class RemoteWriter:
         self._thread = threading.Thread(target=self._run, name="tiercache-remote-writer", daemon=True)
         self._thread.start()
 
-    def offer(self, block_hash: bytes, row: torch.Tensor, checksum: tuple[int, int]) -> bool:
+    def offer(self, block_hash: bytes, row: torch.Tensor, pieces: torch.Tensor) -> bool:
         if self._queue.full():  # dropped before any copy (the writer only takes, so put may still fit)
             return self._drop()
         value = self.store.new_value()
-        encode_value(self.store.namespace, block_hash, checksum, row, sign=False, out=value)
+        encode_value(self.store.namespace, block_hash, pieces, row, sign=False, out=value)
         if self._enqueue(block_hash, value):
             return True
         self.store.release([value])
@@ -336,7 +335,7 @@ class RemoteWriter:
                 encoded.append((block_hash, item))
                 continue
             try:
-                row, checksum = item.result()
+                row, pieces = item.result()
             except Exception as exc:
                 logger.exception("tiercache: a block's copy to the host for its upload failed")
                 broken.append((block_hash, item))
@@ -345,7 +344,7 @@ class RemoteWriter:
                     self._last_error = f"copy to the host raised {exc!r}"
                 continue
             value = self.store.new_value()
-            encode_value(self.store.namespace, block_hash, checksum, row, sign=False, out=value)
+            encode_value(self.store.namespace, block_hash, pieces, row, sign=False, out=value)
             encoded.append((block_hash, value))
         if broken:
             self._settle(broken, written=False)
@@ -376,9 +375,11 @@ class RemoteWriter:
         return self.store.put([h for h, _ in batch], [v for _, v in batch])
 
 
-def read_blocks(store: RemoteStore, hashes: Sequence[bytes]) -> list[RemoteBlock | RemoteMiss]:
-    """Per block: its verified bytes, or why it is a miss (not loaded, MAC, header, checksum)."""
-    return check_values(store, hashes, *store.get(hashes))
+def read_blocks(
+    store: RemoteStore, hashes: Sequence[bytes], verify: bool = True
+) -> list[RemoteBlock | RemoteMiss]:
+    """Per block: its checked bytes, or why it is a miss (not loaded, MAC, header, checksum)."""
+    return check_values(store, hashes, *store.get(hashes), verify=verify)
 
 
 def check_values(
@@ -386,8 +387,11 @@ def check_values(
     hashes: Sequence[bytes],
     values: Sequence[torch.Tensor | None],
     misses: Sequence[RemoteMiss | None],
+    verify: bool = True,
 ) -> list[RemoteBlock | RemoteMiss]:
-    """read_blocks for the answer of store.get(hashes): (values, misses)."""
+    """read_blocks for the answer of store.get(hashes): (values, misses). verify=False: the payloads' piece
+    checksums are not computed here, the value's own are kept (their fold checked against the header, and the
+    MAC when a secret is set): for a reader whose every load verifies each piece on the device."""
     got = [i for i, value in enumerate(values) if value is not None]
     headers = iter(parse_headers([values[i] for i in got], store.namespace, [hashes[i] for i in got]))
     out: list[RemoteBlock | RemoteMiss] = []
@@ -405,22 +409,26 @@ def check_values(
             continue
         parsed.append((len(out), header))
         out.append(RemoteMiss(BAD_VALUE, "not checked"))  # replaced below
-    payloads = [payload for _, (_, payload) in parsed]
+    payloads = [payload for _, (_, _, payload) in parsed]
+    layout = store.namespace.layout
     for run in _runs(payloads):
         rows = _rows(run, payloads)  # [m, dram_stride] uint8
-        pieces = checksums_of(block_views(rows, store.namespace.layout))  # [m, 2, L, 2]
-        got = block_checksum(pieces, store.namespace.layout).tolist()
-        for j, (k, sums) in enumerate(zip(run, got, strict=True)):
-            i, (expected, _) = parsed[k]
-            if tuple(sums) == tuple(expected):
-                out[i] = RemoteBlock(rows[j], (sums[0], sums[1]), pieces[j], rows, j)
-            else:
-                sums_stored = f"{_hex(expected[0])}/{_hex(expected[1])}"
-                out[i] = RemoteMiss(
-                    BAD_VALUE,
-                    f"{store.tier_name} value refused: checksum mismatch (sums {sums_stored} stored, "
-                    f"{_hex(sums[0])}/{_hex(sums[1])} read)",
-                )
+        stored = torch.stack([parsed[k][1][1] for k in run])  # [m, 2, L, 2] int64, the values' own
+        pieces, wrong = stored, [False] * len(run)
+        if verify:
+            pieces = checksums_of(block_views(rows, layout))  # of the bytes read
+            wrong = (pieces != stored).flatten(1).any(1).tolist()
+        for j, k in enumerate(run):
+            i, (checksum, _, _) = parsed[k]
+            if not wrong[j]:
+                out[i] = RemoteBlock(rows[j], checksum, pieces[j], rows, j)
+                continue
+            read = block_checksum(pieces[j : j + 1], layout)[0].tolist()
+            out[i] = RemoteMiss(
+                BAD_VALUE,
+                f"{store.tier_name} value refused: checksum mismatch (sums {_hex(checksum[0])}/"
+                f"{_hex(checksum[1])} stored, {_hex(read[0])}/{_hex(read[1])} read)",
+            )
     return out
 
 

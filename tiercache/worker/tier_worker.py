@@ -36,9 +36,9 @@ Provides:
         verify_read(items, sources)    refusals(items, check_read(items, sources))
         load(items) -> KVBlocks        a copy of the LoadItems' blocks, in item order
         verify(items, blocks) -> list[str | None]   verify_read for what load returned
-        dram_rows(items) -> list[(row, checksum) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
+        dram_rows(items) -> list[(row, pieces) | str]   per RemoteItem, its DRAM slot's bytes ([dram_stride]
                                        uint8, a view: copy it before the slot is written again) and
-                                       recorded block checksum (integrity.block_checksum); a str: the slot
+                                       recorded piece checksums ([2, L, 2] int64, host); a str: the slot
                                        does not hold that block
         fill_dram(items, rows, sums)   write fetched rows ([n, dram_stride] uint8) into the items' DRAM
                                        slots, record their piece checksums ([n, 2, L, 2] int64), tag them
@@ -66,7 +66,7 @@ import torch
 
 from tiercache.layout import BlockLayout, tier_capacities
 from tiercache.wire import DRAM, VRAM, JobResult, LoadItem, RemoteItem, StoreItem, TransferJob
-from tiercache.worker.integrity import SlotChecksums, block_checksum, checksums_of, slot_checksum_bytes
+from tiercache.worker.integrity import SlotChecksums, checksums_of, slot_checksum_bytes
 from tiercache.worker.pools import SECTIONS, DramPool, KVBlocks, VramPool, block_views
 from tiercache.worker.tags import SlotTags
 from tiercache.worker.transfer import TransferEngine
@@ -290,26 +290,25 @@ class TierWorker:
         return self.verify_read(items, [BlockSource(everything, blocks, ids)])
 
     # ------------------------------------------------------------------ the remote tier (DRAM rows)
-    def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, tuple[int, int]] | str]:
+    def dram_rows(self, items: Sequence[RemoteItem]) -> list[tuple[torch.Tensor, torch.Tensor] | str]:
         """The uploads' bytes, as views of their slots (the caller copies them before the slot is written
-        again: RemoteWriter.offer into the value, at once). The checksum is the block checksum of the piece
-        sums recorded when the bytes were stored (of the row only when checksums are off): bytes changed since
-        then are refused by the reader."""
+        again: RemoteWriter.offer into the value, at once), and the piece checksums recorded when the bytes
+        were stored ([2, L, 2] int64 on the host; of the row only when checksums are off): bytes changed
+        since then are refused by the reader."""
         wrongs = [self.tags.refusal(DRAM, item.slot, item.block_hash, self.codec_id) for item in items]
         slots = [item.slot for item, wrong in zip(items, wrongs, strict=True) if wrong is None]  # in range
-        out: list[tuple[torch.Tensor, tuple[int, int]] | str] = [f"not uploaded: {w}" for w in wrongs]
+        out: list[tuple[torch.Tensor, torch.Tensor] | str] = [f"not uploaded: {w}" for w in wrongs]
         if not slots:
             return out
         rows = [self.dram.buffer[slot] for slot in slots]  # [dram_stride] uint8 views
         if self.checksums is not None:
-            pieces = self.checksums.get(DRAM, slots)
+            pieces = self.checksums.get(DRAM, slots).cpu()
         else:
             pieces = checksums_of(block_views(torch.stack(rows), self.dram.layout))
-        sums = iter(zip(rows, block_checksum(pieces, self.dram.layout).tolist(), strict=True))
+        got = iter(zip(rows, pieces, strict=True))
         for i, wrong in enumerate(wrongs):
             if wrong is None:
-                row, pair = next(sums)
-                out[i] = (row, (pair[0], pair[1]))
+                out[i] = next(got)
         return out
 
     def fill_dram(self, items: Sequence[RemoteItem], rows: torch.Tensor, sums: torch.Tensor) -> None:
