@@ -4,8 +4,8 @@
 Usage:  python benchmarks/decode_attention.py [--presets k4v4,k8v4] [--sweep [--variants JSON]] [--before]
         [--json PATH] [--widths] [--shapes 256x1024,128x2048] [--sweep-widths 8x4,5x3]
 --widths [--head-dim 64] times every key width with 4-bit values, every value width with 4-bit keys and a
-few mixed pairs (capacity's K5V3 among them) at 16 × 32K and 64 × 8K (graph replay) and prints each one's
-time per byte read against K4V4's (issue 35: within 1.3×).
+few mixed pairs (capacity's K5V3 among them; --width-pairs 2x2,1x1: those and K4V4 instead) at 16 × 32K and
+64 × 8K (graph replay) and prints each one's time per byte read against K4V4's (issue 35: within 1.3×).
 Times are medians of CUDA-event timings with L2 flushed before each call, eager and CUDA-graph replay.
 The byte floor is the TQ bytes read (packed K, V, norms, block table) over the copy bandwidth measured
 in the same run. Prints one table per preset last; --before [JSON] adds another launch configuration
@@ -223,12 +223,15 @@ def breakdown(config: DecodeLaunchConfig, shapes=((1, 4096), (1, 32768), (16, 32
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=40))
 
 
-def width_grid(config: DecodeLaunchConfig, head_dim: int = D) -> None:
-    """Graph µs of K{1..8}V4, K4V{1..8} and the mixed pairs of WIDTH_MIXED at WIDTH_SHAPES and `head_dim`,
-    per byte read against K4V4's (last table)."""
+def width_grid(
+    config: DecodeLaunchConfig, head_dim: int = D, pairs: list[tuple[int, int]] | None = None
+) -> None:  # fmt: skip
+    """Graph µs of K{1..8}V4, K4V{1..8} and the mixed pairs of WIDTH_MIXED (or `pairs` and K4V4) at
+    WIDTH_SHAPES and `head_dim`, per byte read against K4V4's (last table)."""
     from tiercache.kernels import decode_lut
 
-    pairs = sorted({(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)} | set(WIDTH_MIXED))
+    grid = {(k, 4) for k in range(1, 9)} | {(4, v) for v in range(1, 9)} | set(WIDTH_MIXED)
+    pairs = sorted(grid if pairs is None else {(4, 4), *pairs})
     rows = []
     for k_bits, v_bits in pairs:
         for batch, seq in WIDTH_SHAPES:
@@ -274,6 +277,11 @@ def print_tables(results: list[dict], copy_gbs: float) -> None:
                   f" {r.get('before_graph_us', math.nan) / r['ours_graph_us']:11.2f}")  # fmt: skip
 
 
+def width_pairs(text: str) -> list[tuple[int, int]]:
+    """KxV pairs from the command line: "8x4,5x3" → [(8, 4), (5, 3)]."""
+    return [tuple(int(n) for n in pair.split("x")) for pair in text.split(",")]
+
+
 def config_changes(changes: dict) -> dict:
     """DecodeLaunchConfig fields parsed from JSON, its lists as the config's tuples (lut_head_dims)."""
     return {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
@@ -293,6 +301,7 @@ def main() -> None:
         help=f"also time this JSON launch configuration (default {BEFORE}: the Triton kernel)",
     )  # fmt: skip
     parser.add_argument("--head-dim", type=int, default=D, help="the head_dim of --widths (64 or 128)")
+    parser.add_argument("--width-pairs", default=None, help="KxV pairs --widths times (and K4V4): 2x2,1x1")
     parser.add_argument("--config", default=None, help="JSON launch configuration to apply first")
     parser.add_argument("--profile", default=None, help="PRESET,B,S: 5 calls and exit (run under ncu)")
     parser.add_argument("--shapes", default=None, help="B×S shapes of the tables and --sweep: 256x1024,…")
@@ -301,7 +310,7 @@ def main() -> None:
     if args.shapes:
         SHAPES[:] = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     if args.sweep_widths:
-        SWEEP_WIDTHS[:] = [tuple(int(n) for n in pair.split("x")) for pair in args.sweep_widths.split(",")]
+        SWEEP_WIDTHS[:] = width_pairs(args.sweep_widths)
     torch.manual_seed(0)
     config = replace(DecodeLaunchConfig(), **config_changes(json.loads(args.config or "{}")))
     if args.profile:
@@ -327,7 +336,7 @@ def main() -> None:
             json.dump({"copy_gbs": copy_gbs, "config": asdict(config), "results": results}, f, indent=1)
     print_tables(results, copy_gbs)
     if args.widths:
-        width_grid(config, args.head_dim)
+        width_grid(config, args.head_dim, width_pairs(args.width_pairs) if args.width_pairs else None)
 
 
 if __name__ == "__main__":
