@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from tiercache.codecs import NORM_BYTES, KVCodecSpec
 from tiercache.wire import DRAM, VRAM
@@ -83,7 +84,7 @@ class BlockLayout:
         """Payload bytes per block (identical in both tiers)."""
         return self.vectors * (self.k_packed_dim + self.v_packed_dim + 2 * NORM_BYTES)
 
-    @property
+    @cached_property  # read per value by the remote and disk tiers' checks
     def dram_stride(self) -> int:
         offset = self.sections()[-1][1]
         return _round_up(offset + self.vectors * NORM_BYTES, DRAM_ALIGN)

@@ -323,6 +323,37 @@ def test_macs_checked_on_threads_agree_with_one_by_one(monkeypatch):
     )
 
 
+def test_values_without_a_mac_parsed_as_a_batch_agree_with_one_by_one():
+    """parse_headers without a secret takes the values as encode_value writes them together: the same answers
+    as parse_header, value by value, for genuine values and each kind of bad one (another block's, another
+    codec's, a changed checksum or piece checksum, a short value, a MAC'd one, non-zero padding: accepted)."""
+    from tiercache.remote import format as fmt
+
+    ns = namespace()
+    keys, data = hashes(8, salt=210), rows(8, seed=210)
+    vals = [v.clone() for v in values(ns, keys, data)]
+    vals[1] = values(ns, keys[2:3], data[1:2])[0]  # another block's value under this key
+    vals[2] = values(namespace(codec="K:tq8|V:tq8"), keys[2:3], data[2:3])[0]
+    vals[3][30] ^= 1  # the header's checksum
+    vals[4][-3] ^= 1  # a piece checksum
+    vals[5] = vals[5][:-1]
+    vals[6] = values(dataclasses.replace(ns, mac=_secret()), keys[6:7], data[6:7])[0]
+    vals[7][12] = 7  # padding: parse_header ignores it
+    one = [fmt.parse_header(v, ns, h) for v, h in zip(vals, keys, strict=True)]
+    many = fmt.parse_headers(vals, ns, keys)
+    assert [type(x) for x in many] == [type(x) for x in one]
+    assert [x.reason for x in many if isinstance(x, RemoteMiss)] == [
+        x.reason for x in one if isinstance(x, RemoteMiss)
+    ]
+    assert (
+        isinstance(many[0], tuple)
+        and isinstance(many[7], tuple)
+        and len([x for x in many if isinstance(x, tuple)]) == 2
+    )
+    for a, b in ((x, y) for x, y in zip(one, many, strict=True) if isinstance(x, tuple)):
+        assert a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
 def test_a_secret_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
     """A FIFO with no writer would block the open forever: it is refused from its stat, like a directory."""
     import os
