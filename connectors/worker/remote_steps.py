@@ -20,6 +20,7 @@ Provides:
                                             block on its own: a bad value is a miss for its block, the
                                             others are served
         fetch(items) -> dict[bytes, str]    the same, waited for
+        refuse_loaded(block_hash, reason)   a fetched block refused by its load's check: its value refused
         take_counts() -> tuple[RemoteCount, ...]   since the last call, for the worker's report (the
                                             scheduler's remote_<event> counters): the writer's outcomes
                                             (written, already_stored, dropped_full, write_failures) and the
@@ -91,7 +92,7 @@ class RemoteSteps:
         self.verify = tiers.checksums is None
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
-        queued = 0
+        queued, rows = 0, []
         for item, got in zip(items, upload_rows(self.tiers, items), strict=True):
             if isinstance(got, str):
                 self.not_uploaded += 1
@@ -100,9 +101,8 @@ class RemoteSteps:
             if isinstance(got, PendingRow):  # a VRAM block still on its way to the host
                 queued += self.writer.offer_pending(item.block_hash, got)
                 continue
-            row, pieces = got
-            queued += self.writer.offer(item.block_hash, row, pieces)
-        return queued
+            rows.append((item.block_hash, *got))  # a DRAM slot's row: copied into its value now
+        return queued + self.writer.offer_many(rows)
 
     def start_fetch(self, items: Sequence[RemoteItem]) -> PendingFetch:
         return PendingFetch(self, items)
@@ -166,6 +166,12 @@ class RemoteSteps:
         _log_missed(failed)
         self.fetch_seconds["fill"] += time.perf_counter() - start
         return failed
+
+    def refuse_loaded(self, block_hash: bytes, reason: str) -> None:
+        """A block this tier's fetch filled into DRAM failed its load's check (its bytes do not have the piece
+        checksums its value carries): the value is refused as a fetch's check would have (counted, not fetched
+        again for a while, dropped from the disk tier)."""
+        self._refusal(block_hash, RemoteMiss(BAD_VALUE, f"refused at its load: {reason}"))
 
     def _refusal(self, block_hash: bytes, miss: RemoteMiss) -> None:
         event = _EVENT_OF.get(miss.kind)

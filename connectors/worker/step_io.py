@@ -4,12 +4,13 @@ Provides:
     StepState                 one step's plan and how far it got (loads_ok / stores_ok turn True once done)
     StepIO                    the methods below, on the ConnectorWorker's state: tiers (TierWorker), timer,
                               layout, geometry, codec, k_views / v_views (offload), page_views (primary),
-                              _load_errors, _error(reason)
+                              remote / disk (RemoteSteps, DiskSteps or None), _load_errors, _error(reason)
         _load(step)           refused loads (tags, failed fetches) reported; the others read from their
                               tiers and decoded (offload: each piece's checksum verified by the decode's own
                               kernels where they can, else compared on the device in a separate pass whose
                               flags the decode reads) or page-copied after their verdicts (primary)
-        _settle(step)         the decoded loads' verdicts: ok, or refused with their reasons
+        _settle(step)         the decoded loads' verdicts: ok, or refused with their reasons (a block the
+                              step fetched or read from disk refused: that tier refuses its value)
         _store(step)          encode (offload) or copy (primary) the plan's stores into their slots
         _refuse(step, i, reason)   load i is a load error for vLLM and a LoadFailure for the scheduler
 """
@@ -118,8 +119,16 @@ class StepIO:
         for j, reason in enumerate(reasons):
             if reason:
                 self._refuse(step, todo[j], reason)
+                self._refuse_source(step, step.plan.loads[todo[j]].block_hash, reason)
             else:
                 step.loads_ok[todo[j]] = True
+
+    def _refuse_source(self, step: StepState, block_hash: bytes, reason: str) -> None:
+        """A block this step fetched or read from disk failed its load's check: that tier refuses its value
+        (fetches keep the values' piece checksums unchecked on the host: the load's check is theirs)."""
+        for steps, reads in ((self.remote, step.plan.fetches), (self.disk, step.plan.disk_reads)):
+            if steps is not None and any(item.block_hash == block_hash for item in reads):
+                steps.refuse_loaded(block_hash, reason)
 
     def _copy_pages(self, items: list, sources: list, reasons: list[str | None]) -> None:
         """Primary mode: the intact blocks' pages copied into vLLM's blocks."""

@@ -110,8 +110,9 @@ def test_corrupted_remote_values_are_misses_with_the_same_tokens(
 ):
     """A changed byte in a value's payload: the value's piece checksums no longer match it. The fetch takes
     them as they are (no host pass over the bytes: the worker's tiers keep slot checksums), and the load's
-    check refuses the block: recomputed, the same tokens, the store up. (A changed header or piece checksum
-    is refused by the fetch itself: tests/remote/test_remote_store.py.)"""
+    check refuses the block: recomputed, the same tokens, the store up, and the value refused as a fetch's
+    check would have (counted as remote_bad_values; not fetched again for a while). (A changed header or
+    piece checksum is refused by the fetch itself: tests/remote/test_remote_store.py.)"""
     layers = json.loads((tiny_model / "config.json").read_text())["num_hidden_layers"]
     stored = engine_a[0]
     for block_hash in stored["remote_corrupt"]:
@@ -129,7 +130,7 @@ def test_corrupted_remote_values_are_misses_with_the_same_tokens(
     assert len(reasons) == PREFIX_BLOCKS, reasons
     assert all("checksum mismatch: dram slot" in r for r in reasons), reasons
     later = engine_b.ask(counters=True)
-    assert later["remote_up"]
+    assert later["counters"]["remote_bad_values"] == PREFIX_BLOCKS and later["remote_up"]
 
 
 def test_an_engine_with_a_secret_never_serves_unsigned_values(
