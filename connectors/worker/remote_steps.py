@@ -92,7 +92,7 @@ class RemoteSteps:
         self.verify = tiers.checksums is None
 
     def upload(self, items: Sequence[RemoteItem]) -> int:
-        queued, rows = 0, []
+        queued = 0
         for item, got in zip(items, upload_rows(self.tiers, items), strict=True):
             if isinstance(got, str):
                 self.not_uploaded += 1
@@ -101,8 +101,9 @@ class RemoteSteps:
             if isinstance(got, PendingRow):  # a VRAM block still on its way to the host
                 queued += self.writer.offer_pending(item.block_hash, got)
                 continue
-            rows.append((item.block_hash, *got))  # a DRAM slot's row: copied into its value now
-        return queued + self.writer.offer_many(rows)
+            row, pieces = got  # a DRAM slot's row: copied into its value now (the writer writes meanwhile)
+            queued += self.writer.offer(item.block_hash, row, pieces)
+        return queued
 
     def start_fetch(self, items: Sequence[RemoteItem]) -> PendingFetch:
         return PendingFetch(self, items)

@@ -303,38 +303,3 @@ def test_a_pending_row_is_written_like_a_row_offered_at_once_and_a_failed_copy_c
     finally:
         writer.close()
         s.close()
-
-
-@pytest.mark.parametrize("parallel", [False, True])
-def test_offer_many_writes_what_offer_writes_and_drops_what_the_queue_cannot_hold(
-    redis_server, monkeypatch, parallel
-):
-    """A batch of DRAM rows offered at once: the values (encoded on several threads for a large batch) are
-    those offer writes, byte for byte; with room for one, the first is queued and the others are dropped,
-    counted, without being encoded."""
-    from tiercache.worker import remote_io
-
-    if parallel:
-        monkeypatch.setattr(remote_io, "PARALLEL_BYTES", 0)
-        monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    ns, keys, data = namespace(model=f"many-{parallel}"), hashes(5, salt=70 + parallel), rows(5, seed=70)
-    pieces = checksums_of(block_views(data, ns.layout))
-    s = store(redis_server.url, ns)
-    writer = RemoteWriter(s, max_blocks=8, batch_blocks=8)
-    try:
-        assert writer.offer_many(list(zip(keys, data, pieces, strict=True))) == 5
-        assert writer.flush(5) and writer.stats()["written"] == 5
-        got = s.get(keys)[0]
-        assert all(torch.equal(v, w) for v, w in zip(got, _values(ns, keys, data), strict=True))
-        monkeypatch.setattr(writer._queue, "qsize", lambda: writer._queue.maxsize - 1)
-        encoded = []
-        monkeypatch.setattr(
-            writer, "_encode", lambda jobs: encoded.extend(jobs) or writer.__class__._encode(writer, jobs)
-        )
-        other = hashes(3, salt=80 + parallel)
-        assert writer.offer_many(list(zip(other, data[:3], pieces[:3], strict=True))) == 1
-        assert len(encoded) == 1 and writer.stats()["dropped_full"] == 2
-        assert writer.flush(5) and s.exists(other).found == (True, False, False)
-    finally:
-        writer.close()
-        s.close()

@@ -20,8 +20,6 @@ Provides:
                                          namespace has a secret, is computed on the writer's thread); False:
                                          the queue is full and the block is dropped (counted, logged once
                                          per burst)
-        offer_many(blocks) -> int        offer of each (block_hash, row, pieces), the values of a large
-                                         batch encoded on several threads; how many were queued
         offer_pending(block_hash, pending) -> bool   the same for a PendingRow: waited for and encoded on
                                          the writer's thread
         withdraw(hashes, remove)         these blocks must not stay written: queued ones are skipped (or
@@ -70,7 +68,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tiercache.kernels.checksum_host import MAX_THREADS, PARALLEL_BYTES, host_threads
 from tiercache.remote.format import BAD_MAC, BAD_VALUE, RemoteMiss, encode_value, parse_headers, sign_value
 from tiercache.remote.store import RemoteStore
 from tiercache.wire import DRAM, VRAM, RemoteItem
@@ -221,35 +218,6 @@ class RemoteWriter:
             return True
         self.store.release([value])
         return self._drop()
-
-    def offer_many(self, blocks: Sequence[tuple[bytes, torch.Tensor, torch.Tensor]]) -> int:
-        """offer of each (block_hash, row, pieces); returns how many were queued. Only as many as the queue
-        has room for are encoded (the rest dropped, counted), on host_threads when they hold PARALLEL_BYTES
-        or more (numpy's copies release the GIL): the step pays the copies' wall time once, not per block."""
-        room = max(0, self._queue.maxsize - self._queue.qsize())  # only the writer takes: room can only grow
-        take = blocks[:room]
-        values = [self.store.new_value() for _ in take]
-        jobs = list(zip(take, values, strict=True))
-        workers = min(torch.get_num_threads(), MAX_THREADS, len(jobs))
-        if workers > 1 and sum(row.numel() for _, row, _ in take) >= PARALLEL_BYTES:
-            step = -(-len(jobs) // workers)
-            list(host_threads().map(self._encode, [jobs[i : i + step] for i in range(0, len(jobs), step)]))
-        else:
-            self._encode(jobs)
-        queued = 0
-        for (block_hash, _, _), value in jobs:
-            if self._enqueue(block_hash, value):
-                queued += 1
-            else:
-                self.store.release([value])
-                self._drop()
-        for _ in blocks[room:]:
-            self._drop()
-        return queued
-
-    def _encode(self, jobs: Sequence[tuple[tuple[bytes, torch.Tensor, torch.Tensor], torch.Tensor]]) -> None:
-        for (block_hash, row, pieces), value in jobs:
-            encode_value(self.store.namespace, block_hash, pieces, row, sign=False, out=value)
 
     def offer_pending(self, block_hash: bytes, pending: PendingRow) -> bool:
         if self._queue.full() or not self._enqueue(block_hash, pending):
