@@ -31,8 +31,8 @@ older: stats().snapshot_age_s says how old). Updates go out from publish(), at t
 catch_up() once the steps stop: the requests, decisions and departures an engine recorded after its last sent
 Update reach the mirror within `idle` seconds of its last step (the snapshot's counters are those of its last
 publish: publish's min_interval leaves up to 0.1 s of them unpublished). catch_up's walks back over the
-state's rings run off the scheduler thread: were the engine to step again meanwhile, the walk fails
-(RuntimeError: mutated during iteration) and catch_up leaves the Update to the next publish.
+state's rings run off the scheduler thread: were the engine to step again meanwhile, the walk fails (a ring
+mutated during iteration, or an entry gone) and catch_up leaves the Update to the next publish.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ class Feed:
                 return
             try:
                 update = self._delta()
-            except RuntimeError:  # the scheduler recorded meanwhile: it steps again, its publish sends
-                return
+            except (RuntimeError, KeyError):  # the scheduler recorded meanwhile (a ring changed under the
+                return  # walk): it steps again, and its publish sends
             self._queue(lambda: update)
             self._flush()
         finally:
