@@ -190,3 +190,30 @@ def test_a_directory_of_the_format_before_segments_is_never_served_and_is_remove
     hashes, data = hashes_of(2), rows(2)
     write(store, hashes, data).close()
     assert torch.equal(torch.stack([b.row for b in read_blocks(store, hashes)]), data)
+
+
+def test_directories_of_older_value_formats_are_removed_at_start_and_others_kept(
+    tmp_path, monkeypatch, caplog
+):
+    """Blocks an engine of value format 2 wrote (under a salt of its own: a directory never read again) are
+    deleted when a disk tier of this version starts on the same root, logged; another codec's directory of
+    this format stays."""
+    from tiercache.remote import format as fmt
+
+    other = DiskStore(str(tmp_path), namespace(codec="codec-b"), 8, direct=False)
+    write(other, hashes_of(2), rows(2, seed=8)).close()
+    other.close()
+    with monkeypatch.context() as m:
+        m.setitem(fmt._CODEC_MAX, 2, fmt._CODEC_MAX[fmt.VERSION])
+        m.setattr(fmt, "VERSION", 2)
+        old = DiskStore(str(tmp_path), namespace(), 8, direct=False)
+        write(old, hashes_of(2), rows(2, seed=7)).close()
+        old.close()
+    assert os.path.isdir(old.directory) and os.path.isdir(other.directory)
+    with caplog.at_level(logging.WARNING, logger="tiercache"):
+        ours = DiskStore(str(tmp_path), namespace(), 8, direct=False)
+    assert ours.directory != old.directory and ours.exists(hashes_of(2)).found == (False, False)
+    assert not os.path.exists(old.directory) and not os.path.exists(os.path.dirname(old.directory))
+    assert "value format this version never reads" in caplog.text and old.directory in caplog.text
+    assert {e.block_hash for e in scan(other.directory)} == set(hashes_of(2))
+    ours.close()

@@ -14,18 +14,29 @@ Provides:
         4. the segments and the index are cut to `slots` slots: the files never exceed tiers.disk.size
     Restored(index, segments, held)    the open index (index.SlotIndex) and segment files (segments.Segments);
                                        held: block hash → slot of the blocks found
+    remove_older_formats(root, rank, keep) -> int   the directories under root of this rank (other than
+                                       keep) whose blocks are values of a format this version never reads
+                                       (remote.format OLD_VERSIONS: their keys' salt named another version,
+                                       so they sit in directories of their own) are deleted, logged; returns
+                                       the bytes freed. A directory whose first block cannot be read as a
+                                       value, or of a current format (another model's or codec's), is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
+import shutil
+import struct
 from dataclasses import dataclass
 
 from tiercache.disk.direct import TMP_SUFFIX, aligned
 from tiercache.disk.files import OLD_SUFFIX
 from tiercache.disk.index import INDEX_NAME, Entry, IndexHead, SlotIndex, read_index
 from tiercache.disk.segments import Segments, new_segment_slots, segment_name, segment_numbers
+from tiercache.remote.format import MAGIC, OLD_VERSIONS
 from tiercache.units import format_bytes
 
 logger = logging.getLogger("tiercache.disk.store")
@@ -62,6 +73,47 @@ def restore(directory: str, slot_bytes: int, slots: int, direct: bool) -> Restor
     segments.truncate(slots)
     index.resize(slots)
     return Restored(index, segments, {e.block_hash: e.slot for e in entries})
+
+
+def remove_older_formats(root: str, rank: int, keep: str) -> int:
+    freed = []
+    for directory in glob.glob(os.path.join(glob.escape(root), "*", f"rank{rank}")):
+        if os.path.samefile(directory, keep) or _value_version(directory) not in OLD_VERSIONS:
+            continue
+        size = sum(e.stat().st_size for e in os.scandir(directory) if e.is_file(follow_symlinks=False))
+        try:
+            shutil.rmtree(directory)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(directory))  # the model's directory, once no rank is left in it
+        except OSError as exc:
+            logger.warning("tiercache: disk tier: cannot remove %s (%s): remove it by hand", directory, exc)
+            continue
+        freed.append((directory, size))
+    if freed:
+        logger.warning(
+            "tiercache: disk tier under %s: removed %d directories (%s) of blocks in a value format this "
+            "version never reads (tiercache before values carried their piece checksums): %s", root,
+            len(freed), format_bytes(sum(size for _, size in freed)), ", ".join(d for d, _ in freed),
+        )  # fmt: skip
+    return sum(size for _, size in freed)
+
+
+def _value_version(directory: str) -> int | None:
+    """The format version of the first block of a disk tier's directory (its slot's value header), or None
+    (no index, no block, or not a value)."""
+    found = read_index(os.path.join(directory, INDEX_NAME))
+    if found.head is None or not found.entries:
+        return None
+    segment, k = divmod(found.entries[0].slot, found.head.segment_slots)
+    try:
+        with open(os.path.join(directory, segment_name(segment)), "rb") as f:
+            f.seek(k * found.head.slot_bytes)
+            head = f.read(6)
+    except OSError:
+        return None
+    if len(head) < 6 or head[:4] != MAGIC:
+        return None
+    return struct.unpack_from("<H", head, 4)[0]
 
 
 def _end(entries: list[Entry]) -> int:

@@ -8,8 +8,10 @@ Provides:
     DiskStore(root, namespace, slots, direct=None)   namespace: this rank's (tiercache.remote.format, mac
                                         None); slots: blocks tiers.disk.size holds (files.disk_slots);
                                         direct None: probe O_DIRECT in the directory (direct.probe_direct),
-                                        False: buffered I/O. Creates its directory (files.block_dir) and
-                                        finds the blocks there (restore.py)
+                                        False: buffered I/O. Creates its directory (files.block_dir),
+                                        deletes this rank's directories of older value formats under root
+                                        (restore.remove_older_formats) and finds the blocks there
+                                        (restore.py)
         directory, file_bytes (one slot), slots, direct (bool), direct_refusal (why not direct, or None),
         values (the writer's buffers.ValuePool), tier_name "disk"
         exists(hashes) -> RemoteAnswer      which blocks are on disk (the writer's "not written twice")
@@ -62,7 +64,7 @@ from tiercache.disk.buffers import ReadBuffer, ValuePool
 from tiercache.disk.direct import probe_direct
 from tiercache.disk.files import block_dir, file_bytes
 from tiercache.disk.index import Entry
-from tiercache.disk.restore import restore
+from tiercache.disk.restore import remove_older_formats, restore
 from tiercache.disk.segments import runs, segment_name
 from tiercache.kernels.checksum_host import host_threads
 from tiercache.remote.format import BAD_VALUE, DOWN, VANISHED, RemoteMiss, RemoteNamespace
@@ -81,6 +83,7 @@ class DiskStore:
         self.namespace = namespace
         self.directory = block_dir(root, namespace)
         os.makedirs(self.directory, exist_ok=True)
+        remove_older_formats(root, namespace.rank, self.directory)
         self.file_bytes = file_bytes(namespace.layout)
         self.slots = slots
         self.direct_refusal = probe_direct(self.directory) if direct is not False else "turned off"

@@ -18,7 +18,7 @@ Provides:
                                       down or failed), VANISHED (the key went away after the lookup),
                                       BAD_VALUE (empty, of another size, wrong header or checksum), BAD_MAC
     value_bytes(layout)               bytes of one value of this layout (RemoteNamespace.value_bytes)
-    HEADER_BYTES (256), MAGIC, VERSION (4: no MAC), VERSION_MAC (5: a MAC)
+    HEADER_BYTES (256), MAGIC, VERSION (4: no MAC), VERSION_MAC (5: a MAC), OLD_VERSIONS (2, 3)
 
 Key: model name, this rank (tensor-parallel shard), the block hash, and a salt naming the format version, the
 codec id and the layout (blake2b of them): engines with another model, codec or layout ask for other keys and
@@ -66,6 +66,7 @@ from tiercache.remote.secret import RemoteSecret
 MAGIC = b"TCRB"
 VERSION = 4  # no MAC
 VERSION_MAC = 5  # a keyed MAC at [_MAC_AT:HEADER_BYTES]
+OLD_VERSIONS = (2, 3)  # without piece checksums: never read (their keys' salt differs)
 HEADER_BYTES = 256
 DOWN, VANISHED, BAD_VALUE, BAD_MAC = "down", "vanished", "bad_value", "bad_mac"
 _FIXED = struct.Struct("<4sHHH6xQqq")  # magic, version, hash len, codec len, pad, payload len, s1, s2
