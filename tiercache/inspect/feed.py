@@ -70,7 +70,7 @@ class Feed:
         self.updates = self.errors = 0
         self._logged = -LOG_EVERY
         self._not_before = 0.0  # (time.monotonic) the next Update's earliest time, after a costly one
-        self._published = 0.0  # (time.monotonic) the scheduler's last flush or send: its last publish
+        self._published = 0.0  # (time.monotonic) the scheduler's last flush: publish() flushes at every call
         self._version = 0  # the version of the snapshot last sent
         self.restart(sock)
 
@@ -106,7 +106,6 @@ class Feed:
                 self._lock.release()
 
     def send(self, force: bool = False) -> None:
-        self._published = time.monotonic()
         if not self._lock.acquire(blocking=False):
             return  # a restart is queueing a full Update: it holds this snapshot already
         try:
